@@ -1,0 +1,101 @@
+"""The inference engine interface the worker drives.
+
+Three implementations stand behind it: the simulated engine (the embedded default and
+the benchmark engine), the in-process vLLM adapter (extra ``vllm``), and the
+OpenAI-HTTP adapter that drives a separately running ``vllm serve``. The worker knows
+only this module: it submits requests, consumes their token deltas, aborts abandoned
+ones and samples scheduler statistics.
+
+These types are engine-side, not wire types: the worker translates between them and
+``schemas``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """Limits fixed when the engine starts (vLLM cannot change them at run time)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    gpu_memory_utilization: float
+    kv_capacity_tokens: int
+    max_model_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    request_id: str
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    priority: int = 0
+    """Lower runs first, as in vLLM's ``priority`` argument."""
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """A delta: the text and token count generated since the previous output."""
+
+    request_id: str
+    text: str
+    new_tokens: int
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    """Cumulative completion tokens, including this delta."""
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """Scheduler statistics, sampled by the worker about once a second."""
+
+    running: int
+    waiting: int
+    preempted_total: int
+    kv_cache_usage: float
+    """0.0 – 1.0."""
+    limits: EngineLimits
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request or stopped; the worker turns it into an error reply."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every engine provides. ``start``/``stop`` are idempotent."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """Stream deltas; the last one has ``finished=True``. Raises ``EngineError``."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def snapshot(self) -> EngineSnapshot: ...
+
+    @property
+    def limits(self) -> EngineLimits: ...
