@@ -99,3 +99,23 @@ class Engine(Protocol):
 
     @property
     def limits(self) -> EngineLimits: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU sample, from NVML or from the simulated engine (``simulated=True``)."""
+
+    index: int
+    name: str
+    utilization_pct: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    temperature_c: float
+    power_w: float
+    power_limit_w: float
+    pcie_tx_kbps: float = 0.0
+    pcie_rx_kbps: float = 0.0
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    clock_event_reasons: tuple[str, ...] = ()
+    simulated: bool = False
