@@ -1,0 +1,132 @@
+"""Inference requests: as producers post them, and as admission dispatches them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, StringConstraints, model_validator
+
+from schemas.base import (
+    Ident,
+    LongText,
+    Message,
+    ShortText,
+    Timestamp,
+    TopicName,
+    Wire,
+)
+
+
+class Priority(StrEnum):
+    """Priority class; each has its own topic (``llm.requests.<class>``)."""
+
+    VIP = "vip"
+    STANDARD = "standard"
+    BULK = "bulk"
+
+
+class Tier(StrEnum):
+    """Tenant tier (DESIGN, "Tiers and priority")."""
+
+    BASIC = "basic"
+    PRO = "pro"
+    ENTERPRISE = "enterprise"
+
+
+#: Each tier's priority class.
+TIER_PRIORITY: dict[Tier, Priority] = {
+    Tier.BASIC: Priority.BULK,
+    Tier.PRO: Priority.STANDARD,
+    Tier.ENTERPRISE: Priority.VIP,
+}
+
+
+class ChatMessage(Wire):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: LongText
+
+
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+class SamplingParams(Wire):
+    """OpenAI-style sampling parameters, bounded to what an engine can honour."""
+
+    max_tokens: int = Field(default=256, ge=1, le=32_768)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    stop: tuple[StopString, ...] = Field(default=(), max_length=4)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+
+
+class ClientMeta(Wire):
+    """Where the request came from, as ingress saw it."""
+
+    user_agent: ShortText = ""
+    client_ip: Annotated[str, StringConstraints(max_length=45)] = ""
+    region: Annotated[str, StringConstraints(max_length=64)] = ""
+
+
+class InferenceRequest(Message):
+    """One inference request.
+
+    Exactly one of ``prompt`` (completions) and ``messages`` (chat) is set. The API key
+    itself never travels: only its non-secret id.
+    """
+
+    type: Literal["inference_request"] = "inference_request"
+    request_id: Ident
+    tenant: Ident
+    api_key_id: Ident | None = None
+    priority: Priority = Priority.STANDARD
+    tier: Tier = Tier.PRO
+    pool: Ident = "main"
+    model: Ident = "default"
+    prompt: LongText | None = None
+    messages: tuple[ChatMessage, ...] | None = Field(default=None, min_length=1, max_length=256)
+    sampling: SamplingParams = SamplingParams()
+    stream: bool = False
+    reply_to: TopicName
+    created_at: Timestamp
+    deadline_at: Timestamp | None = None
+    session_id: Ident | None = None
+    client: ClientMeta = ClientMeta()
+
+    @model_validator(mode="after")
+    def _one_input(self) -> Self:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' and 'messages' must be given")
+        if self.deadline_at is not None and self.deadline_at < self.created_at:
+            raise ValueError("'deadline_at' is before 'created_at'")
+        return self
+
+    @property
+    def partition_key(self) -> str:
+        """Session affinity: the same session lands on the same partition (and worker)."""
+        return self.session_id or self.tenant
+
+
+class Degradation(Wire):
+    """What admission changed about a request before dispatch (DESIGN, degradation ladder)."""
+
+    level: int = Field(default=0, ge=0, le=3)
+    diverted_from: Ident | None = None
+    """Level 1: the pool the request was meant for, before it went to the small pool."""
+    max_tokens_cap: int | None = Field(default=None, ge=1, le=32_768)
+    """Level 2: output truncated to this many tokens."""
+    static_reply: bool = False
+    """Level 3: answer with the canned reply, no GPU time."""
+    quota_degraded: bool = False
+    """A pro tenant above its baseline rate: admitted, served at lower priority."""
+
+
+class DispatchedRequest(Message):
+    """An admitted request on its pool's dispatch topic."""
+
+    type: Literal["dispatched_request"] = "dispatched_request"
+    request: InferenceRequest
+    pool: Ident
+    degradation: Degradation = Degradation()
+    attempt: int = Field(default=1, ge=1, le=100)
+    admitted_at: Timestamp

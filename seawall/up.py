@@ -1,0 +1,228 @@
+"""``seawall up``: the whole stack on embedded defaults, one OS process per part.
+
+Order: broker, Redis, topics, then the services. It shows what listens where and
+each process's state, restarts a crashed service (crash-only services, with backoff),
+and on Ctrl-C or SIGTERM stops everything in reverse order, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from rich.console import Console
+from rich.table import Table
+
+from seawall import embedded
+from seawall.procs import ChildProcess
+from services.common.bus import ensure_topics, wait_for_broker
+from services.common.topics import Topics
+
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """A service run as ``python -m <module>``, ``count`` processes."""
+
+    name: str
+    module: str
+    count: int = 1
+
+
+@dataclass
+class UpOptions:
+    kafka_bootstrap: str | None = None
+    broker_host: str = "127.0.0.1"
+    broker_port: int = 9092
+    redis: str = "auto"
+    """``auto`` (see ``seawall.embedded``), ``embedded`` (always a private server), or a URL."""
+    redis_port: int = 6379
+    topic_prefix: str = ""
+    partitions: int = 3
+    services: tuple[ServiceSpec, ...] = ()
+    state_dir: Path = Path(".seawall")
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Part:
+    name: str
+    address: str
+    process: ChildProcess | None = None
+    """``None``: not ours (an external broker or Redis)."""
+    next_restart: float = 0.0
+
+
+class Stack:
+    def __init__(self, options: UpOptions, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self.infra: list[Part] = []
+        self.services: list[Part] = []
+        self.bootstrap = ""
+        self.redis_url = ""
+
+    # -- start ---------------------------------------------------------------
+    def start(self) -> None:
+        self._start_broker()
+        self._start_redis()
+        o = self.options
+        topics = Topics(o.topic_prefix, o.partitions)
+        created = asyncio.run(ensure_topics(self.bootstrap, topics.specs()))
+        if created:
+            self.console.print(f"created {len(created)} topics")
+        for spec in o.services:
+            for i in range(spec.count):
+                name = f"{spec.name}-{i}" if spec.count > 1 else spec.name
+                proc = ChildProcess(
+                    name, [sys.executable, "-m", spec.module], self._log(name), env=self.child_env(name)
+                )
+                proc.start()
+                self.services.append(Part(name, "", proc))
+
+    def _log(self, name: str) -> Path:
+        return self.options.state_dir / "logs" / f"{name}.log"
+
+    def _start_broker(self) -> None:
+        o = self.options
+        if o.kafka_bootstrap:
+            self.bootstrap = o.kafka_bootstrap
+            asyncio.run(wait_for_broker(self.bootstrap, timeout_s=15))
+            self.infra.append(Part("broker (external)", self.bootstrap))
+            return
+        proc = embedded.broker_process(o.broker_host, o.broker_port, self._log("broker"))
+        proc.start()
+        self.bootstrap = f"{o.broker_host}:{o.broker_port}"
+        self.infra.append(Part("broker (embedded Tansu)", self.bootstrap, proc))
+        try:
+            asyncio.run(wait_for_broker(self.bootstrap, timeout_s=30))
+        except TimeoutError as e:
+            raise embedded.StackError(f"the embedded broker did not start:\n{proc.tail()}") from e
+
+    def _start_redis(self) -> None:
+        o = self.options
+        mode = o.redis
+        if mode not in ("auto", "embedded"):
+            if not embedded.redis_answers(mode):
+                raise embedded.StackError(f"no Redis answers at {mode}")
+            self.redis_url = mode
+            self.infra.append(Part("redis (external)", mode))
+            return
+        local = embedded.redis_url_for("127.0.0.1", o.redis_port)
+        if mode == "auto" and embedded.redis_answers(local):
+            self.redis_url = local
+            self.infra.append(Part("redis (local, shared)", local))
+            return
+        proc = embedded.redis_process(
+            "127.0.0.1", o.redis_port, o.state_dir / "redis", self._log("redis")
+        )
+        proc.start()
+        self.redis_url = local
+        self.infra.append(Part("redis (private)", local, proc))
+        deadline = time.monotonic() + 10
+        while not embedded.redis_answers(local, timeout_s=0.5):
+            if time.monotonic() > deadline or not proc.alive:
+                raise embedded.StackError(f"Redis did not start:\n{proc.tail()}")
+            time.sleep(0.1)
+
+    def child_env(self, name: str) -> dict[str, str]:
+        o = self.options
+        env = {
+            "SEAWALL_KAFKA_BOOTSTRAP": self.bootstrap,
+            # The embedded broker has no InitProducerId (DESIGN, Platform facts).
+            "SEAWALL_KAFKA_IDEMPOTENCE": "false" if o.kafka_bootstrap is None else "true",
+            "SEAWALL_REDIS_URL": self.redis_url,
+            "SEAWALL_TOPIC_PREFIX": o.topic_prefix,
+            "SEAWALL_TOPIC_PARTITIONS": str(o.partitions),
+            "SEAWALL_INSTANCE_ID": name,
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.update(o.env)
+        return env
+
+    # -- run -----------------------------------------------------------------
+    def supervise(self) -> None:
+        """Restart crashed services with backoff; a dead broker or Redis ends the stack
+        (their state was in memory: carrying on would hide the loss)."""
+        for part in self.infra:
+            if part.process is not None and not part.process.alive:
+                raise embedded.StackError(
+                    f"{part.name} exited with code {part.process.returncode}:\n{part.process.tail()}"
+                )
+        now = time.monotonic()
+        for part in self.services:
+            proc = part.process
+            assert proc is not None
+            if proc.alive:
+                continue
+            if part.next_restart == 0.0:
+                delay = RESTART_BACKOFF_S[min(proc.restarts, len(RESTART_BACKOFF_S) - 1)]
+                part.next_restart = now + delay
+                self.console.print(
+                    f"[yellow]{part.name} exited with code {proc.returncode}; restarting in {delay:.0f}s[/]"
+                )
+            elif now >= part.next_restart:
+                proc.restarts += 1
+                part.next_restart = 0.0
+                proc.start()
+
+    def table(self) -> Table:
+        t = Table(title="seawall")
+        for col in ("part", "address", "pid", "state"):
+            t.add_column(col)
+        for part in [*self.infra, *self.services]:
+            proc = part.process
+            if proc is None:
+                state, pid = "external", "-"
+            else:
+                state = "running" if proc.alive else f"exited ({proc.returncode})"
+                if proc.restarts:
+                    state += f", {proc.restarts} restarts"
+                pid = str(proc.pid)
+            t.add_row(part.name, part.address or "-", pid, state)
+        return t
+
+    # -- stop ----------------------------------------------------------------
+    def stop(self, grace_s: float = 25.0) -> None:
+        for part in reversed(self.services):
+            assert part.process is not None
+            part.process.stop(grace_s)
+        for part in reversed(self.infra):
+            if part.process is not None:
+                part.process.stop(5.0)
+
+
+def run(options: UpOptions, console: Console | None = None) -> int:
+    console = console or Console()
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    stack = Stack(options, console)
+    try:
+        stack.start()
+        console.print(stack.table())
+        console.print(f"logs: {options.state_dir / 'logs'}")
+        console.print("[bold green]seawall is up[/] — Ctrl-C stops it", highlight=False)
+        while not stop.wait(0.5):
+            stack.supervise()
+        console.print("stopping…")
+        return 0
+    except embedded.StackError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
+    finally:
+        stack.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        console.print("stopped")
+

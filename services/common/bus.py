@@ -1,0 +1,132 @@
+"""Kafka plumbing: topic creation, producer and consumer factories, dead letters.
+
+Producers use ``acks=all``; idempotence follows ``SEAWALL_KAFKA_IDEMPOTENCE`` (off on the
+embedded broker, see DESIGN's Platform facts). Consumers never auto-commit: services
+commit an offset only after its effect is durable (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from schemas import DeadLetter
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.serde import DecodeError, encode
+from services.common.settings import CommonSettings
+from services.common.topics import Topics, TopicSpec
+
+log = logging.getLogger(__name__)
+
+
+def topics_of(settings: CommonSettings) -> Topics:
+    return Topics(settings.topic_prefix, settings.topic_partitions, settings.pools)
+
+
+def make_producer(settings: CommonSettings, **overrides: Any) -> AIOKafkaProducer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.kafka_bootstrap,
+        "client_id": f"seawall-{settings.instance_id}",
+        "acks": "all",
+        "enable_idempotence": settings.kafka_idempotence,
+        "linger_ms": 1,
+        "request_timeout_ms": 15_000,
+    }
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+def make_consumer(
+    settings: CommonSettings, *topics: str, group_id: str | None, **overrides: Any
+) -> AIOKafkaConsumer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.kafka_bootstrap,
+        "client_id": f"seawall-{settings.instance_id}",
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "session_timeout_ms": 10_000,
+        "heartbeat_interval_ms": 1_000,
+        "max_poll_interval_ms": 300_000,
+    }
+    options.update(overrides)
+    return AIOKafkaConsumer(*topics, **options)
+
+
+async def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
+    """Return once the broker answers a metadata request; raise ``TimeoutError`` else."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3_000)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return
+        except (KafkaError, OSError) as e:
+            last = e
+        finally:
+            await admin.close()
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s ({last})")
+
+
+async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], replication: int = 1) -> list[str]:
+    """Create the topics that do not exist yet (the embedded broker does not
+    auto-create them). Returns the names created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            try:
+                await admin.create_topics(
+                    [NewTopic(s.name, s.partitions, replication, topic_configs=s.config) for s in missing]
+                )
+            except TopicAlreadyExistsError:
+                pass  # another process created them meanwhile
+        return [s.name for s in missing]
+    finally:
+        await admin.close()
+
+
+async def send_dead_letter(
+    producer: AIOKafkaProducer,
+    topics: Topics,
+    *,
+    source_topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    raw: bytes | None,
+    error: DecodeError,
+    service: str,
+    clock: Clock = SYSTEM_CLOCK,
+) -> None:
+    """Keep a record no one can use, whole, with the reason; wait for the broker's ack so
+    that the caller may commit the record's offset afterwards."""
+    letter = DeadLetter(
+        source_topic=source_topic,
+        partition=partition,
+        offset=offset,
+        key=key,
+        raw=raw or b"",
+        reason=error.reason,
+        error=error.message[:512],
+        service=service,
+        at=clock.time(),
+    )
+    await producer.send_and_wait(topics.deadletter, encode(letter), key=source_topic.encode())
+    log.warning(
+        "dead-lettered a record",
+        extra={"source": source_topic, "partition": partition, "offset": offset, "reason": error.reason},
+    )
+

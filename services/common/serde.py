@@ -1,0 +1,76 @@
+"""The one serializer: JSON of the ``schemas`` models, and the decoding rules that turn
+any bad record into a ``DecodeError`` with a stable reason code (never a crash)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from schemas import (
+    SCHEMA_VERSION,
+    ControlEvent,
+    DispatchedRequest,
+    InferenceRequest,
+    ReplyMessage,
+    TelemetryEvent,
+)
+
+T = TypeVar("T")
+
+REQUEST: TypeAdapter[InferenceRequest] = TypeAdapter(InferenceRequest)
+DISPATCH: TypeAdapter[DispatchedRequest] = TypeAdapter(DispatchedRequest)
+REPLY: TypeAdapter[ReplyMessage] = TypeAdapter(ReplyMessage)
+TELEMETRY: TypeAdapter[TelemetryEvent] = TypeAdapter(TelemetryEvent)
+CONTROL: TypeAdapter[ControlEvent] = TypeAdapter(ControlEvent)
+
+MAX_ERRORS_SHOWN = 5
+
+
+class DecodeError(ValueError):
+    """A record that cannot be used. ``reason`` is a stable code for the dead letter."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def encode(message: BaseModel) -> bytes:
+    return message.model_dump_json().encode()
+
+
+def describe(error: ValidationError) -> str:
+    """A readable summary of a validation error that never echoes the input (which may
+    hold a prompt or a secret)."""
+    parts = []
+    for e in error.errors(include_url=False, include_input=False)[:MAX_ERRORS_SHOWN]:
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        parts.append(f"{loc}: {e['msg']}")
+    more = error.error_count() - MAX_ERRORS_SHOWN
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts)
+
+
+def decode(adapter: TypeAdapter[T], raw: bytes | None) -> T:
+    if raw is None:
+        raise DecodeError("empty_record", "the record has no value")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DecodeError("invalid_utf8", f"not UTF-8 at byte {e.start}") from None
+    try:
+        data: Any = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DecodeError("invalid_json", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if isinstance(data, dict) and data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise DecodeError(
+            "unsupported_version",
+            f"schema_version {data.get('schema_version')!r} is not {SCHEMA_VERSION}",
+        )
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as e:
+        raise DecodeError("schema_violation", describe(e)) from None

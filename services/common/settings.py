@@ -1,0 +1,48 @@
+"""Settings shared by every service; each service extends ``CommonSettings`` with its
+own fields. All come from the environment with the prefix ``SEAWALL_``."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_BROKER = "127.0.0.1:9092"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SEAWALL_", extra="ignore", frozen=True)
+
+    kafka_bootstrap: str = DEFAULT_BROKER
+    kafka_idempotence: bool = True
+    """On for Apache Kafka. The embedded broker (Tansu) fails ``InitProducerId``, so
+    ``seawall up`` and the test harness turn it off there; request-id de-duplication
+    covers the duplicates either way (DESIGN, Platform facts)."""
+    topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", max_length=64)
+    topic_partitions: int = Field(default=3, ge=1, le=1024)
+    topic_replication: int = Field(default=1, ge=1, le=16)
+    pools: tuple[str, ...] = ("main", "small")
+
+    redis_url: str = DEFAULT_REDIS_URL
+    redis_prefix: str = Field(default="seawall:", max_length=64)
+
+    instance_id: str = Field(default_factory=default_instance_id, max_length=128)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["logfmt", "json"] = "logfmt"
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the service's Prometheus ``/metrics``; ``None`` serves none."""
+    shutdown_grace_s: float = Field(default=20.0, ge=0, le=3600)
+    """How long a SIGTERM'd service may spend finishing in-flight work."""
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _split_pools(cls, v: object) -> object:
+        return tuple(p.strip() for p in v.split(",") if p.strip()) if isinstance(v, str) else v

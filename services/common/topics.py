@@ -1,0 +1,102 @@
+"""The one registry of topic names, their layout, and Redis key prefixes.
+
+Every name carries the configurable prefix (``SEAWALL_TOPIC_PREFIX``), so that several
+stacks (or tests) can share a broker without meeting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from schemas.requests import Priority
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    cleanup_policy: Literal["delete", "compact"] = "delete"
+    retention_ms: int = 7 * DAY_MS
+
+    @property
+    def config(self) -> dict[str, str]:
+        return {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms)}
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    prefix: str = ""
+    partitions: int = 3
+    pools: tuple[str, ...] = ("main", "small")
+
+    @property
+    def ingress(self) -> str:
+        return f"{self.prefix}llm.ingress"
+
+    def requests(self, priority: Priority) -> str:
+        return f"{self.prefix}llm.requests.{priority.value}"
+
+    def dispatch(self, pool: str) -> str:
+        return f"{self.prefix}llm.dispatch.{pool}"
+
+    @property
+    def telemetry(self) -> str:
+        return f"{self.prefix}llm.telemetry"
+
+    @property
+    def control(self) -> str:
+        return f"{self.prefix}llm.control"
+
+    @property
+    def audit(self) -> str:
+        return f"{self.prefix}llm.audit"
+
+    @property
+    def deadletter(self) -> str:
+        return f"{self.prefix}llm.deadletter"
+
+    def reply(self, owner: str) -> str:
+        """A reply topic owned by one client or ingress instance."""
+        return f"{self.prefix}llm.reply.{owner}"
+
+    def reply_spec(self, owner: str, retention_ms: int = 3600 * 1000) -> TopicSpec:
+        """Reply topics keep an hour: long enough for a reconnecting client to catch up,
+        short enough that abandoned ones cost little."""
+        return TopicSpec(self.reply(owner), 1, "delete", retention_ms)
+
+    def specs(self) -> list[TopicSpec]:
+        """The fleet's shared topics, created at start by whoever starts first."""
+        n = self.partitions
+        shared = [
+            TopicSpec(self.ingress, n),
+            *(TopicSpec(self.requests(p), n) for p in Priority),
+            *(TopicSpec(self.dispatch(pool), n) for pool in self.pools),
+            TopicSpec(self.telemetry, n, retention_ms=DAY_MS),
+            TopicSpec(self.control, 1, "compact", retention_ms=-1),
+            TopicSpec(self.audit, 1, retention_ms=90 * DAY_MS),
+            TopicSpec(self.deadletter, 1, retention_ms=30 * DAY_MS),
+        ]
+        return shared
+
+
+@dataclass(frozen=True, slots=True)
+class RedisKeys:
+    """Redis key builder. Per-tenant keys carry a hash tag (``{tenant}``) so that a
+    tenant's keys live in one Redis Cluster slot and one Lua script may touch them all."""
+
+    prefix: str = "seawall:"
+
+    def api_key(self, key_id: str) -> str:
+        return f"{self.prefix}key:{key_id}"
+
+    def tenant_keys(self, tenant: str) -> str:
+        return f"{self.prefix}tenant:{{{tenant}}}:keys"
+
+    def quota(self, tenant: str, dimension: str) -> str:
+        return f"{self.prefix}quota:{{{tenant}}}:{dimension}"
+
+    def session(self, session_id: str) -> str:
+        return f"{self.prefix}session:{session_id}"
