@@ -16,7 +16,12 @@ class AuditEvent(Message):
     tenant: Ident
     actor: Ident
     action: Literal[
-        "key_created", "key_rotated", "key_revoked", "key_denied", "policy_changed", "request_blocked"
+        "key_created",
+        "key_rotated",
+        "key_revoked",
+        "key_denied",
+        "policy_changed",
+        "request_blocked",
     ]
     outcome: Literal["ok", "denied"] = "ok"
     key_id: Ident | None = None

@@ -24,9 +24,13 @@ Count = Annotated[int, Field(ge=0, le=2**53)]
 TokenCount = Annotated[int, Field(ge=0, le=1_048_576)]
 
 #: Identifiers: printable, no whitespace, safe as Kafka keys and Redis key parts.
-Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
+Ident = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")
+]
 #: A Kafka topic name (Kafka's own rule: [a-zA-Z0-9._-], at most 249 characters).
-TopicName = Annotated[str, StringConstraints(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
+TopicName = Annotated[
+    str, StringConstraints(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+]
 ShortText = Annotated[str, StringConstraints(max_length=512)]
 #: Prompt and reply text: 64 KiB of characters is far above what ingress admits (16 KiB
 #: bodies) but bounds what a direct Kafka producer can push.

@@ -8,7 +8,6 @@ from pydantic import ConfigDict, Field
 
 from schemas.base import Ident, Message, ShortText, Timestamp, TopicName
 
-
 _KEY_MAX = 65_536
 _RAW_MAX = 4 * 1024 * 1024
 

@@ -36,7 +36,11 @@ def stale_files(directory: Path = JSON_DIR) -> list[str]:
     """Files that are missing, differ from the models, or belong to no model."""
     expected = expected_files()
     present = {p.name for p in directory.glob("*.schema.json")}
-    stale = [n for n, text in expected.items() if not (directory / n).is_file() or (directory / n).read_text() != text]
+    stale = [
+        n
+        for n, text in expected.items()
+        if not (directory / n).is_file() or (directory / n).read_text() != text
+    ]
     return sorted(stale + sorted(present - expected.keys()))
 
 

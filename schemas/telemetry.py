@@ -92,7 +92,11 @@ class GpuStats(Message):
 
     @property
     def memory_pct(self) -> float:
-        return 100.0 * self.memory_used_bytes / self.memory_total_bytes if self.memory_total_bytes else 0.0
+        return (
+            100.0 * self.memory_used_bytes / self.memory_total_bytes
+            if self.memory_total_bytes
+            else 0.0
+        )
 
 
 class WorkerHeartbeat(Message):

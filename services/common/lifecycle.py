@@ -112,10 +112,15 @@ async def run_until_signalled(component: Component, grace_s: float) -> int:
     try:
         await component.start()
         log.info("started", extra={"component": component.name})
-        waits = [asyncio.create_task(stop_requested.wait()), asyncio.create_task(component.failed.wait())]
+        waits = [
+            asyncio.create_task(stop_requested.wait()),
+            asyncio.create_task(component.failed.wait()),
+        ]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         await cancel_tasks(set(waits))
-        log.info("stopping", extra={"component": component.name, "failed": component.failed.is_set()})
+        log.info(
+            "stopping", extra={"component": component.name, "failed": component.failed.is_set()}
+        )
         try:
             await asyncio.wait_for(component.stop(), timeout=grace_s + 10)
         except TimeoutError:

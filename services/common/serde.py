@@ -64,7 +64,9 @@ def decode(adapter: TypeAdapter[T], raw: bytes | None) -> T:
     try:
         data: Any = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DecodeError("invalid_json", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise DecodeError(
+            "invalid_json", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
     if isinstance(data, dict) and data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
         raise DecodeError(
             "unsupported_version",

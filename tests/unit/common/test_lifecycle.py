@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.common.lifecycle import Component
+
+
+class Looper(Component):
+    name = "looper"
+
+    def __init__(self, crash: bool = False) -> None:
+        super().__init__()
+        self.crash = crash
+        self.stops = 0
+
+    async def on_start(self) -> None:
+        self.spawn(self._loop(), "loop")
+
+    async def _loop(self) -> None:
+        await asyncio.sleep(0)
+        if self.crash:
+            raise RuntimeError("boom")
+        await asyncio.Event().wait()
+
+    async def on_stop(self) -> None:
+        self.stops += 1
+
+
+def _component_tasks() -> list[asyncio.Task[object]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("looper:")]
+
+
+async def test_stop_is_idempotent_and_leaves_no_task() -> None:
+    c = Looper()
+    async with c:
+        assert c.running
+        assert len(_component_tasks()) == 1
+    await c.stop()
+    await asyncio.gather(c.stop(), c.stop())
+    assert c.stops == 1
+    assert _component_tasks() == []
+
+
+async def test_a_crashed_loop_marks_the_component_failed() -> None:
+    c = Looper(crash=True)
+    await c.start()
+    await asyncio.wait_for(c.failed.wait(), 1)
+    assert isinstance(c.failure, RuntimeError)
+    await c.stop()
+
+
+async def test_a_failed_start_cleans_up() -> None:
+    class Broken(Looper):
+        async def on_start(self) -> None:
+            await super().on_start()
+            raise OSError("port taken")
+
+    c = Broken()
+    with pytest.raises(OSError, match="port taken"):
+        await c.start()
+    assert _component_tasks() == []
+    assert c.stops == 1
