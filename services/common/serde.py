@@ -68,10 +68,9 @@ def decode(adapter: TypeAdapter[T], raw: bytes | None) -> T:
             "invalid_json", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}"
         ) from None
     if isinstance(data, dict) and data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise DecodeError(
-            "unsupported_version",
-            f"schema_version {data.get('schema_version')!r} is not {SCHEMA_VERSION}",
-        )
+        version = data["schema_version"]
+        shown = version if isinstance(version, int) else type(version).__name__
+        raise DecodeError("unsupported_version", f"schema_version {shown} is not {SCHEMA_VERSION}")
     try:
         return adapter.validate_python(data)
     except ValidationError as e:
