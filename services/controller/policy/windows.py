@@ -1,0 +1,247 @@
+"""Sliding-window statistics per scope, in time buckets that merge.
+
+A window of ``size_s`` is kept as buckets of ``step_s`` seconds (bucket ``k`` holds the
+samples with ``floor(t / step_s) == k``). A query at ``now`` over ``window_s`` (at most
+``size_s``) merges the buckets from the one holding ``now - window_s`` to the current,
+partly filled one: every sample at most ``window_s`` old counts, and none older than
+``window_s + step_s``. Buckets that no query can reach any more expire. Because buckets
+merge, so do windows: a pool's window is the merge of its workers' windows (same
+``size_s`` and ``step_s``).
+
+- ``RequestWindow``: latencies in a DDSketch per bucket (quantiles within the sketch's
+  relative accuracy) plus request and error counts.
+- ``GaugeWindow``: a sampled gauge (GPU memory %, temperature, host CPU %): latest value,
+  minimum, maximum, mean.
+- ``ShareWindow``: how many of the events counted were hits (e.g. long prompts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, Self, TypeVar
+
+from ddsketch import DDSketch
+
+from services.controller.policy.decision import Reading
+
+
+class _Bucket(Protocol):
+    def merge(self, other: Self) -> None: ...
+
+
+B = TypeVar("B", bound=_Bucket)
+
+
+class _Window(Generic[B]):
+    def __init__(self, size_s: float, step_s: float, new_bucket: Callable[[], B]) -> None:
+        if step_s <= 0 or size_s < step_s:
+            raise ValueError(f"need 0 < step_s <= size_s, got step {step_s}, size {size_s}")
+        self.size_s = size_s
+        self.step_s = step_s
+        self._new_bucket = new_bucket
+        self._buckets: dict[int, B] = {}
+
+    def _index(self, now: float) -> int:
+        return math.floor(now / self.step_s)
+
+    def _expire(self, now: float) -> None:
+        oldest = self._index(now - self.size_s)
+        for index in [i for i in self._buckets if i < oldest]:
+            del self._buckets[index]
+
+    def _bucket_at(self, now: float) -> B:
+        self._expire(now)
+        index = self._index(now)
+        if index not in self._buckets:
+            self._buckets[index] = self._new_bucket()
+        return self._buckets[index]
+
+    def _fold(self, now: float, window_s: float | None) -> tuple[B, float]:
+        """The merge of the buckets within ``window_s`` of ``now``, and that window."""
+        window_s = self.size_s if window_s is None else window_s
+        if not 0 < window_s <= self.size_s:
+            raise ValueError(f"window_s must be in (0, {self.size_s}], got {window_s}")
+        self._expire(now)
+        newest = self._index(now)
+        oldest = self._index(now - window_s)
+        total = self._new_bucket()
+        for index, bucket in self._buckets.items():
+            if oldest <= index <= newest:
+                total.merge(bucket)
+        return total, window_s
+
+    def merge(self, other: Self) -> None:
+        """Add ``other``'s samples to this window (``other`` is left unchanged)."""
+        if (other.size_s, other.step_s) != (self.size_s, self.step_s):
+            raise ValueError("windows merge only with the same size_s and step_s")
+        for index, bucket in other._buckets.items():
+            if index not in self._buckets:
+                self._buckets[index] = self._new_bucket()
+            self._buckets[index].merge(bucket)
+
+
+class _RequestBucket:
+    def __init__(self, relative_accuracy: float) -> None:
+        self.latencies = DDSketch(relative_accuracy)
+        self.count = 0
+        self.errors = 0
+
+    def merge(self, other: Self) -> None:
+        self.latencies.merge(other.latencies)
+        self.count += other.count
+        self.errors += other.errors
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    window_s: float
+    count: int
+    errors: int
+    p50_ms: float | None
+    p99_ms: float | None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.count if self.count else 0.0
+
+    def error_rate_reading(self) -> Reading | None:
+        return Reading(self.error_rate, self.count) if self.count else None
+
+    def p99_reading(self) -> Reading | None:
+        return None if self.p99_ms is None else Reading(self.p99_ms, self.count)
+
+
+class RequestWindow(_Window[_RequestBucket]):
+    """Completed requests of a scope. Failed requests count in the latency quantiles
+    too: a request that timed out after 30 s is exactly the tail P99 must show."""
+
+    def __init__(
+        self, size_s: float = 300.0, step_s: float = 10.0, relative_accuracy: float = 0.01
+    ) -> None:
+        super().__init__(size_s, step_s, lambda: _RequestBucket(relative_accuracy))
+        self.relative_accuracy = relative_accuracy
+
+    def record(self, now: float, latency_ms: float, ok: bool) -> None:
+        if not math.isfinite(latency_ms) or latency_ms < 0:
+            raise ValueError(f"latency_ms must be finite and >= 0, got {latency_ms}")
+        bucket = self._bucket_at(now)
+        bucket.latencies.add(latency_ms)
+        bucket.count += 1
+        bucket.errors += 0 if ok else 1
+
+    def stats(self, now: float, window_s: float | None = None) -> RequestStats:
+        total, window_s = self._fold(now, window_s)
+        return RequestStats(
+            window_s=window_s,
+            count=total.count,
+            errors=total.errors,
+            p50_ms=total.latencies.get_quantile_value(0.50),
+            p99_ms=total.latencies.get_quantile_value(0.99),
+        )
+
+
+class _GaugeBucket:
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.minimum = math.inf
+        self.maximum = -math.inf
+        self.latest_at = -math.inf
+        self.latest = math.nan
+
+    def add(self, at: float, value: float) -> None:
+        self.count += 1
+        self.total += value
+        self.minimum = min(self.minimum, value)
+        self.maximum = max(self.maximum, value)
+        if at >= self.latest_at:
+            self.latest_at, self.latest = at, value
+
+    def merge(self, other: Self) -> None:
+        self.count += other.count
+        self.total += other.total
+        self.minimum = min(self.minimum, other.minimum)
+        self.maximum = max(self.maximum, other.maximum)
+        if other.count and other.latest_at >= self.latest_at:
+            self.latest_at, self.latest = other.latest_at, other.latest
+
+
+@dataclass(frozen=True)
+class GaugeStats:
+    """``None`` everywhere when the window holds no sample."""
+
+    window_s: float
+    count: int
+    latest: float | None
+    minimum: float | None
+    maximum: float | None
+    mean: float | None
+
+    def mean_reading(self) -> Reading | None:
+        return None if self.mean is None else Reading(self.mean, self.count)
+
+    def max_reading(self) -> Reading | None:
+        return None if self.maximum is None else Reading(self.maximum, self.count)
+
+
+class GaugeWindow(_Window[_GaugeBucket]):
+    def __init__(self, size_s: float = 600.0, step_s: float = 10.0) -> None:
+        super().__init__(size_s, step_s, _GaugeBucket)
+
+    def record(self, now: float, value: float) -> None:
+        if not math.isfinite(value):
+            raise ValueError(f"gauge value must be finite, got {value}")
+        self._bucket_at(now).add(now, value)
+
+    def stats(self, now: float, window_s: float | None = None) -> GaugeStats:
+        total, window_s = self._fold(now, window_s)
+        if not total.count:
+            return GaugeStats(window_s, 0, None, None, None, None)
+        return GaugeStats(
+            window_s=window_s,
+            count=total.count,
+            latest=total.latest,
+            minimum=total.minimum,
+            maximum=total.maximum,
+            mean=total.total / total.count,
+        )
+
+
+class _ShareBucket:
+    def __init__(self) -> None:
+        self.total = 0
+        self.hits = 0
+
+    def merge(self, other: Self) -> None:
+        self.total += other.total
+        self.hits += other.hits
+
+
+@dataclass(frozen=True)
+class ShareStats:
+    window_s: float
+    total: int
+    hits: int
+
+    @property
+    def share(self) -> float:
+        return self.hits / self.total if self.total else 0.0
+
+    def share_reading(self) -> Reading | None:
+        return Reading(self.share, self.total) if self.total else None
+
+
+class ShareWindow(_Window[_ShareBucket]):
+    def __init__(self, size_s: float = 300.0, step_s: float = 10.0) -> None:
+        super().__init__(size_s, step_s, _ShareBucket)
+
+    def record(self, now: float, hit: bool) -> None:
+        bucket = self._bucket_at(now)
+        bucket.total += 1
+        bucket.hits += 1 if hit else 0
+
+    def stats(self, now: float, window_s: float | None = None) -> ShareStats:
+        total, window_s = self._fold(now, window_s)
+        return ShareStats(window_s=window_s, total=total.total, hits=total.hits)

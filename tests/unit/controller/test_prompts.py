@@ -1,0 +1,77 @@
+"""Long-prompt share alert: > 30% of prompts over 4096 tokens, with hysteresis."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.controller.policy.decision import DecisionKind
+from services.controller.policy.hysteresis import Threshold
+from services.controller.policy.prompts import LongPromptAlert, LongPromptConfig
+
+pytestmark = pytest.mark.unit
+
+
+def feed(alert: LongPromptAlert, now: float, long: int, short: int) -> None:
+    for _ in range(long):
+        alert.record(now, 5000)
+    for _ in range(short):
+        alert.record(now, 100)
+
+
+def test_a_long_prompt_has_strictly_more_than_4096_tokens() -> None:
+    alert = LongPromptAlert()
+    for _ in range(20):
+        alert.record(0.0, 4096)
+    assert alert.evaluate(0.0) is None
+    for _ in range(20):
+        alert.record(1.0, 4097)
+    assert alert.evaluate(1.0) is not None
+
+
+def test_on_strictly_past_30_percent_not_at_it() -> None:
+    alert = LongPromptAlert()
+    feed(alert, 0.0, long=30, short=70)
+    assert alert.evaluate(0.0) is None
+    assert not alert.on
+    feed(alert, 1.0, long=1, short=0)
+    decision = alert.evaluate(1.0)
+    assert decision is not None
+    assert decision.kind is DecisionKind.LONG_PROMPT_ALERT
+    assert (decision.previous_state, decision.new_state) == (False, True)
+    evidence = decision.evidence
+    assert evidence.metrics["long_prompt_share"] == pytest.approx(31 / 101)
+    assert evidence.thresholds["long_prompt_share"] == 0.30
+    assert evidence.thresholds["long_prompt_tokens"] == 4096
+    assert evidence.window_s == 300.0
+
+
+def test_needs_min_samples() -> None:
+    alert = LongPromptAlert()
+    feed(alert, 0.0, long=19, short=0)
+    assert alert.evaluate(0.0) is None
+    feed(alert, 1.0, long=1, short=0)
+    assert alert.evaluate(1.0) is not None
+
+
+def test_turns_off_below_20_percent_held_a_minute() -> None:
+    alert = LongPromptAlert()
+    feed(alert, 0.0, long=50, short=50)
+    assert alert.evaluate(0.0) is not None
+    feed(alert, 10.0, long=0, short=100)  # 25%: in the band, stays on
+    assert alert.evaluate(10.0) is None
+    feed(alert, 20.0, long=0, short=100)  # 50 / 300 < 20%: the hold starts
+    assert alert.evaluate(20.0) is None
+    assert alert.evaluate(79.0) is None
+    assert alert.on
+    off = alert.evaluate(80.0)
+    assert off is not None
+    assert (off.previous_state, off.new_state) == (True, False)
+    assert off.evidence.hold_s == 60.0
+
+
+def test_alert_clears_when_the_long_prompts_age_out() -> None:
+    alert = LongPromptAlert(config=LongPromptConfig(share=Threshold(0.3, 0.2, window_s=60.0)))
+    feed(alert, 0.0, long=30, short=0)
+    assert alert.evaluate(0.0) is not None
+    assert alert.evaluate(70.0) is not None  # window empty: quiet counts as healthy
+    assert not alert.on
