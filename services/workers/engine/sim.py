@@ -1,0 +1,233 @@
+"""The simulated engine: :class:`.sim_core.SimCore` driven in real time behind ``base.Engine``.
+
+This is the embedded default engine (laptop, CI) and the benchmark engine. It is a
+simulator, not a model: the text is random words, but the timing and the scheduling
+(continuous batching over a bounded KV cache, preemption, limits) follow vLLM V1 as
+calibrated in ``CALIBRATION.md``; see :mod:`.sim_core` for what that covers and its
+sources.
+
+One asyncio task runs the core: it schedules a step, sleeps for the step's simulated
+duration, then hands each request's new token to that request's queue, so tokens come
+out at the pace a GPU would produce them. ``sleep`` and ``clock`` can be injected to run
+on virtual time. ``temperature``, ``top_p`` and ``stop`` strings do not change the
+simulated output; ``seed`` seeds a request's words.
+
+Faults configured in :class:`.sim_core.SimFaults` act through the core: a crash (or the
+leak's out-of-memory) fails every in-flight ``generate`` with :class:`EngineError` at the
+next step, and every later call (``generate``, ``snapshot``, ``gpu_reading``, ``abort``)
+until ``start`` brings up a fresh engine, as restarting a vLLM worker would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from services.common.tokenizer import count_tokens
+from services.workers.engine.base import (
+    EngineError,
+    EngineLimits,
+    EngineOutput,
+    EngineRequest,
+    EngineSnapshot,
+    GpuReading,
+)
+from services.workers.engine.sim_core import SimConfig, SimCore, StepResult
+
+logger = logging.getLogger(__name__)
+
+# Each word counts as exactly one token for :func:`.tokenizer.count_tokens`.
+_VOCABULARY: Final = (
+    "the a to of and in is it you that for on with as are be this your we can our will "
+    "order ship item price help thank check time day store track note date sure happy "
+    "deal size color stock box fast free new card email reply hello sorry yes now next"
+)
+WORDS: Final = tuple(_VOCABULARY.split())
+
+
+@dataclass(eq=False)
+class _Stream:
+    prompt_tokens: int
+    rng: random.Random
+    queue: asyncio.Queue[EngineOutput | EngineError] = field(default_factory=asyncio.Queue)
+    completion_tokens: int = 0
+
+    def words(self, n: int) -> str:
+        first = self.completion_tokens == 0
+        text = " ".join(self.rng.choice(WORDS) for _ in range(n))
+        return text if first or not text else " " + text
+
+
+class SimulatedEngine:
+    """``base.Engine`` over :class:`SimCore`; ``gpu_reading`` feeds the simulated GPU probe."""
+
+    name = "sim"
+
+    def __init__(
+        self,
+        config: SimConfig | None = None,
+        *,
+        seed: int = 0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` gives monotonic seconds; ``sleep`` must let that much of it pass."""
+        self._config = config or SimConfig()
+        self._seed = seed
+        self._sleep = sleep
+        self._clock = clock
+        self._core = SimCore(self._config, seed, start_time=clock())
+        self._task: asyncio.Task[None] | None = None
+        self._streams: dict[str, _Stream] = {}
+        self._wake = asyncio.Event()
+        self._failure: EngineError | None = None
+
+    async def start(self) -> None:
+        """Start (or, after ``stop`` or a crash, restart with an empty engine)."""
+        if self._task is not None and not self._task.done():
+            return
+        self._core = SimCore(self._config, self._seed, start_time=self._clock())
+        self._failure = None
+        self._task = asyncio.create_task(self._run(), name="simulated-engine")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+        self._fail_streams(EngineError("the simulated engine stopped"))
+
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+        if self._task is None or self._task.done():
+            raise self._failure or EngineError("the simulated engine is not running")
+        request_id = request.request_id
+        if request_id in self._streams:
+            raise EngineError(f"request {request_id!r} is already in the engine")
+        core = self._core
+        stream = _Stream(
+            prompt_tokens=request.prompt_tokens or count_tokens(request.prompt),
+            rng=random.Random(
+                request.seed if request.seed is not None else f"{self._seed}:{request_id}"
+            ),
+        )
+        try:
+            core.add(
+                request_id,
+                stream.prompt_tokens,
+                request.max_tokens,
+                now=self._clock(),
+                priority=request.priority,
+            )
+        except ValueError as exc:
+            raise EngineError(f"request {request_id!r} refused: {exc}") from exc
+        self._streams[request_id] = stream
+        self._wake.set()
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, EngineError):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if self._streams.get(request_id) is stream:  # the consumer left early
+                del self._streams[request_id]
+                with contextlib.suppress(EngineError):  # a crashed core holds nothing
+                    core.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self._core.abort(request_id)  # first: if it raises, the run loop fails the stream
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.queue.put_nowait(
+                EngineOutput(
+                    request_id=request_id,
+                    text="",
+                    new_tokens=0,
+                    finished=True,
+                    finish_reason="abort",
+                    prompt_tokens=stream.prompt_tokens,
+                    completion_tokens=stream.completion_tokens,
+                )
+            )
+
+    def snapshot(self) -> EngineSnapshot:
+        """Raises :class:`EngineError` once the simulated engine has crashed."""
+        stats = self._core.stats(self._clock())
+        return EngineSnapshot(
+            running=stats.running,
+            waiting=stats.waiting,
+            preempted_total=stats.preempted_total,
+            kv_cache_usage=stats.kv_cache_usage,
+            limits=self.limits,
+            prompt_tokens_total=stats.prompt_tokens_total,
+            generation_tokens_total=stats.generation_tokens_total,
+            extra={
+                "kv_blocks_used": float(stats.kv_blocks_used),
+                "kv_blocks_total": float(stats.kv_blocks_total),
+            },
+        )
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self._config.limits()
+
+    def gpu_reading(self) -> GpuReading:
+        """The simulated GPU (``simulated=True``); raises :class:`EngineError` after a crash."""
+        return self._core.gpu_reading(self._clock())
+
+    async def _run(self) -> None:
+        core = self._core
+        try:
+            while True:
+                result = core.step(self._clock())
+                if result.idle:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                await self._sleep(result.duration_ms / 1000.0)
+                self._deliver(result)
+        except EngineError as exc:
+            self._failure = exc
+            self._fail_streams(exc)
+        except Exception as exc:  # a bug must not leave callers waiting forever
+            logger.exception("the simulated engine failed")
+            self._failure = EngineError(f"the simulated engine failed: {exc!r}")
+            self._fail_streams(self._failure)
+
+    def _deliver(self, result: StepResult) -> None:
+        ended = [rid for rid in result.finished if rid not in result.new_tokens]
+        for request_id in [*result.new_tokens, *ended]:
+            stream = self._streams.get(request_id)
+            if stream is None:
+                continue  # aborted while the step ran
+            n = result.new_tokens.get(request_id, 0)
+            text = stream.words(n)
+            stream.completion_tokens += n
+            reason = result.finished.get(request_id)
+            if reason is not None:
+                del self._streams[request_id]
+            stream.queue.put_nowait(
+                EngineOutput(
+                    request_id=request_id,
+                    text=text,
+                    new_tokens=n,
+                    finished=reason is not None,
+                    finish_reason=reason,
+                    prompt_tokens=stream.prompt_tokens,
+                    completion_tokens=stream.completion_tokens,
+                    error="simulated request failure" if reason == "error" else None,
+                )
+            )
+
+    def _fail_streams(self, error: EngineError) -> None:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.queue.put_nowait(error)
