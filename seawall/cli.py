@@ -36,6 +36,10 @@ def up(
     state_dir: Annotated[Path, typer.Option(help="Where logs and the private Redis live.")] = Path(
         ".seawall"
     ),
+    workers: Annotated[int, typer.Option(min=0, help="Simulated workers in the main pool.")] = 2,
+    small_workers: Annotated[
+        int, typer.Option(min=0, help="Simulated workers in the small pool.")
+    ] = 1,
 ) -> None:
     """Start the stack on embedded defaults (broker, Redis, services) until Ctrl-C."""
     options = up_mod.UpOptions(
@@ -46,8 +50,34 @@ def up(
         topic_prefix=topic_prefix,
         partitions=partitions,
         state_dir=state_dir,
+        services=up_mod.default_services(workers, small_workers),
     )
     raise typer.Exit(up_mod.run(options))
+
+
+@app.command("sim-serve")
+def sim_serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    model_name: Annotated[
+        str, typer.Option(help="The model name the server answers as.")
+    ] = "sim-llama-2-7b",
+) -> None:
+    """Serve the simulated engine as an OpenAI-compatible server with vLLM's metric names.
+
+    A stand-in for `vllm serve` on machines without a GPU. The engine is configured like a
+    worker's (SEAWALL_ENGINE_*, SEAWALL_SIM_*: model and GPU profile, limits, faults).
+    """
+    import uvicorn
+
+    from services.workers.engine.factory import build_engine
+    from services.workers.settings import WorkerSettings
+    from services.workers.sim_serve import create_app
+
+    settings = WorkerSettings(engine="sim")
+    uvicorn.run(
+        create_app(build_engine(settings), model_name), host=host, port=port, log_level="info"
+    )
 
 
 @app.command("export-schemas")

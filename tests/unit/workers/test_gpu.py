@@ -1,0 +1,263 @@
+"""The GPU probe. NVML is the permitted mock edge: this machine has no NVIDIA driver, so
+the fallback path runs for real and the reading path runs against patched pynvml calls."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from services.workers.engine.base import GpuReading
+from services.workers.gpu import (
+    GpuProbeError,
+    NvmlProbe,
+    SimulatedGpuProbe,
+    decode_clock_event_reasons,
+    open_gpu_probe,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def _nvml_works() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+def _sim_reading(index: int = 0) -> GpuReading:
+    return GpuReading(
+        index=index,
+        name="NVIDIA A100-SXM4-80GB",
+        utilization_pct=42.0,
+        memory_used_bytes=10,
+        memory_total_bytes=100,
+        temperature_c=55.0,
+        power_w=250.0,
+        power_limit_w=400.0,
+    )
+
+
+@pytest.mark.skipif(_nvml_works(), reason="NVML answers here; the fallback cannot be reached")
+def test_without_a_driver_the_probe_is_simulated_and_says_so() -> None:
+    probe = open_gpu_probe(lambda: [_sim_reading(0), _sim_reading(1)])
+    assert isinstance(probe, SimulatedGpuProbe)
+    assert probe.simulated
+    readings = probe.sample()
+    assert [r.index for r in readings] == [0, 1]
+    assert all(r.simulated for r in readings)
+    assert readings[0].utilization_pct == 42.0
+    probe.close()
+
+
+@pytest.mark.skipif(_nvml_works(), reason="NVML answers here; the fallback cannot be reached")
+def test_without_a_driver_or_fallback_there_are_no_readings() -> None:
+    probe = open_gpu_probe(None)
+    assert probe.simulated
+    assert probe.sample() == []
+
+
+# --- the NVML path, with pynvml's device calls patched -------------------------------
+
+
+class FakeDevice:
+    def __init__(self, **unsupported: bool) -> None:
+        self.unsupported = unsupported
+        self.clock_mask = 0x004 | 0x040  # sw power cap + hw thermal slowdown
+
+
+def _not_supported() -> pynvml.NVMLError:
+    return pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+@dataclass
+class FakeNvml:
+    devices: list[FakeDevice] = field(default_factory=lambda: [FakeDevice(), FakeDevice()])
+    calls: dict[str, int] = field(default_factory=lambda: {"init": 0, "shutdown": 0})
+
+
+@pytest.fixture
+def nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    """Two devices behind patched pynvml calls; tests swap devices before probing."""
+    fake = FakeNvml()
+    devices, calls = fake.devices, fake.calls
+
+    def optional(name: str, value: Callable[[FakeDevice], Any]) -> Callable[..., Any]:
+        def call(device: FakeDevice, *args: Any) -> Any:
+            if device.unsupported.get(name):
+                raise _not_supported()
+            return value(device)
+
+        return call
+
+    def init() -> None:
+        calls["init"] += 1
+
+    def shutdown() -> None:
+        calls["shutdown"] += 1
+
+    def pcie(device: FakeDevice, counter: int) -> int:
+        if device.unsupported.get("pcie"):
+            raise _not_supported()
+        return 1500 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 700
+
+    def ecc(device: FakeDevice, error_type: int, counter_type: int) -> int:
+        if device.unsupported.get("ecc"):
+            raise _not_supported()
+        assert counter_type == pynvml.NVML_VOLATILE_ECC
+        return 3 if error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else 1
+
+    patches: dict[str, Any] = {
+        "nvmlInit": init,
+        "nvmlShutdown": shutdown,
+        "nvmlDeviceGetCount": lambda: len(devices),
+        "nvmlDeviceGetHandleByIndex": lambda i: devices[i],
+        "nvmlDeviceGetName": optional("name", lambda d: "NVIDIA H100 80GB HBM3"),
+        "nvmlDeviceGetUtilizationRates": optional(
+            "utilization", lambda d: SimpleNamespace(gpu=87, memory=40)
+        ),
+        "nvmlDeviceGetMemoryInfo": lambda d: SimpleNamespace(
+            used=60 * 1024**3, total=80 * 1024**3, free=20 * 1024**3
+        ),
+        "nvmlDeviceGetTemperature": lambda d, sensor: 71,
+        "nvmlDeviceGetPowerUsage": lambda d: 612_500,
+        "nvmlDeviceGetEnforcedPowerLimit": lambda d: 700_000,
+        "nvmlDeviceGetPcieThroughput": pcie,
+        "nvmlDeviceGetTotalEccErrors": ecc,
+        "nvmlDeviceGetCurrentClocksEventReasons": optional("clocks", lambda d: d.clock_mask),
+        "nvmlDeviceGetCurrentClocksThrottleReasons": optional(
+            "throttle", lambda d: d.clock_mask | 0x200
+        ),
+    }
+    for name, value in patches.items():
+        monkeypatch.setattr(pynvml, name, value)
+    return fake
+
+
+def test_nvml_reading_converts_units(nvml: FakeNvml) -> None:
+    probe = open_gpu_probe(lambda: pytest.fail("the fallback must not be used"))
+    assert isinstance(probe, NvmlProbe)
+    assert not probe.simulated
+    first, second = probe.sample()
+    assert first == GpuReading(
+        index=0,
+        name="NVIDIA H100 80GB HBM3",
+        utilization_pct=87.0,
+        memory_used_bytes=60 * 1024**3,
+        memory_total_bytes=80 * 1024**3,
+        temperature_c=71.0,
+        power_w=612.5,
+        power_limit_w=700.0,
+        pcie_tx_kbps=1500.0,
+        pcie_rx_kbps=700.0,
+        ecc_corrected=3,
+        ecc_uncorrected=1,
+        clock_event_reasons=("sw_power_cap", "hw_thermal_slowdown"),
+        simulated=False,
+    )
+    assert second.index == 1
+
+
+def test_unsupported_optional_fields_fall_back_one_by_one(nvml: FakeNvml) -> None:
+    nvml.devices[1] = FakeDevice(pcie=True, ecc=True)
+    probe = NvmlProbe()
+    first, second = probe.sample()
+    assert (second.pcie_tx_kbps, second.pcie_rx_kbps) == (0.0, 0.0)
+    assert (second.ecc_corrected, second.ecc_uncorrected) == (0, 0)
+    assert second.clock_event_reasons == ("sw_power_cap", "hw_thermal_slowdown")
+    assert second.power_w == 612.5
+    assert first.ecc_corrected == 3
+
+
+def test_clock_reasons_use_the_throttle_call_where_the_driver_lacks_the_new_one(
+    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing(handle: object) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", missing)
+    (reading, _) = NvmlProbe().sample()
+    assert reading.clock_event_reasons == ("sw_power_cap", "hw_thermal_slowdown", "board_limit")
+
+
+def test_clock_reasons_use_the_throttle_call_where_pynvml_lacks_the_new_one(
+    nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons")
+    (reading, _) = NvmlProbe().sample()
+    assert reading.clock_event_reasons == ("sw_power_cap", "hw_thermal_slowdown", "board_limit")
+
+
+def test_unsupported_clock_reasons_read_as_none(nvml: FakeNvml) -> None:
+    nvml.devices[0] = FakeDevice(clocks=True, throttle=True)
+    (reading, _) = NvmlProbe().sample()
+    assert reading.clock_event_reasons == ()
+
+
+def test_a_required_field_failing_raises_with_the_device(nvml: FakeNvml) -> None:
+    nvml.devices[1] = FakeDevice(utilization=True)
+    probe = NvmlProbe()
+    with pytest.raises(GpuProbeError, match="GPU 1"):
+        probe.sample()
+
+
+def test_close_shuts_nvml_down_once(nvml: FakeNvml) -> None:
+    probe = NvmlProbe()
+    probe.close()
+    probe.close()
+    assert nvml.calls == {"init": 1, "shutdown": 1}
+    with pytest.raises(GpuProbeError, match="closed"):
+        probe.sample()
+
+
+def test_nvml_init_failure_falls_back(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_driver() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    probe = open_gpu_probe(lambda: [_sim_reading()])
+    assert probe.simulated
+    assert probe.sample()[0].simulated
+
+
+@pytest.mark.parametrize(
+    ("mask", "names"),
+    [
+        (0, ()),
+        (0x001, ("gpu_idle",)),
+        (0x008 | 0x080, ("hw_slowdown", "hw_power_brake_slowdown")),
+        (0x100 | 0x400, ("display_clock_setting", "reliability")),
+        (0x002 | 0x10000, ("applications_clocks_setting", "unknown_0x10000")),
+    ],
+)
+def test_decode_clock_event_reasons(mask: int, names: tuple[str, ...]) -> None:
+    assert decode_clock_event_reasons(mask) == names
+
+
+def test_decoded_bits_match_pynvml_constants() -> None:
+    for constant, name in [
+        ("nvmlClocksEventReasonGpuIdle", "gpu_idle"),
+        ("nvmlClocksEventReasonApplicationsClocksSetting", "applications_clocks_setting"),
+        ("nvmlClocksEventReasonSwPowerCap", "sw_power_cap"),
+        ("nvmlClocksEventReasonHwSlowdown", "hw_slowdown"),
+        ("nvmlClocksEventReasonSyncBoost", "sync_boost"),
+        ("nvmlClocksEventReasonSwThermalSlowdown", "sw_thermal_slowdown"),
+        ("nvmlClocksEventReasonHwThermalSlowdown", "hw_thermal_slowdown"),
+        ("nvmlClocksEventReasonHwPowerBrakeSlowdown", "hw_power_brake_slowdown"),
+        ("nvmlClocksEventReasonDisplayClockSetting", "display_clock_setting"),
+        ("nvmlClocksThrottleReasonBoardLimit", "board_limit"),
+        ("nvmlClocksThrottleReasonReliability", "reliability"),
+    ]:
+        assert decode_clock_event_reasons(getattr(pynvml, constant)) == (name,)
+
+
+def test_simulated_probe_relabels_readings() -> None:
+    probe = SimulatedGpuProbe(lambda: [_sim_reading()])
+    (reading,) = probe.sample()
+    assert reading.simulated
+    assert reading.name == "NVIDIA A100-SXM4-80GB"
