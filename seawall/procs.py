@@ -1,8 +1,9 @@
 """Child processes that never outlive ``seawall up``.
 
-Each child gets ``PR_SET_PDEATHSIG`` (Linux): should ``seawall up`` itself be killed
-with SIGKILL, the kernel sends the child SIGTERM. A normal stop sends SIGTERM, waits
-for the grace period, then SIGKILL.
+Each child runs in its own process group, so a Ctrl-C in the terminal reaches only
+``seawall up``, and gets ``PR_SET_PDEATHSIG`` (Linux): should ``seawall up`` itself be
+killed with SIGKILL, the kernel sends the child SIGTERM. A normal stop sends SIGTERM,
+waits for the grace period, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -21,9 +22,6 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    # Ctrl-C in the terminal goes to the whole foreground group; children get their
-    # stop from us, in order, so they ignore the terminal's SIGINT.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class ChildProcess:
@@ -47,6 +45,9 @@ class ChildProcess:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(self.env or {})},
                 preexec_fn=_die_with_parent,
+                # Its own process group: Ctrl-C in the terminal reaches only `seawall up`,
+                # which then stops the children in order (services before the broker).
+                process_group=0,
             )
 
     @property

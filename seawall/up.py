@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -34,6 +35,15 @@ class ServiceSpec:
     name: str
     module: str
     count: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def default_services(workers: int, small_workers: int) -> tuple[ServiceSpec, ...]:
+    """The services that exist so far, with their process counts."""
+    return (
+        ServiceSpec("worker-main", "services.workers", workers, {"SEAWALL_POOL": "main"}),
+        ServiceSpec("worker-small", "services.workers", small_workers, {"SEAWALL_POOL": "small"}),
+    )
 
 
 @dataclass
@@ -81,14 +91,15 @@ class Stack:
         for spec in o.services:
             for i in range(spec.count):
                 name = f"{spec.name}-{i}" if spec.count > 1 else spec.name
-                proc = ChildProcess(
-                    name,
-                    [sys.executable, "-m", spec.module],
-                    self._log(name),
-                    env=self.child_env(name),
-                )
+                metrics_port = embedded.free_port()
+                env = {
+                    **self.child_env(name),
+                    **spec.env,
+                    "SEAWALL_METRICS_PORT": str(metrics_port),
+                }
+                proc = ChildProcess(name, [sys.executable, "-m", spec.module], self._log(name), env)
                 proc.start()
-                self.services.append(Part(name, "", proc))
+                self.services.append(Part(name, f"http://127.0.0.1:{metrics_port}/metrics", proc))
 
     def _log(self, name: str) -> Path:
         return self.options.state_dir / "logs" / f"{name}.log"
@@ -104,6 +115,11 @@ class Stack:
         proc.start()
         self.bootstrap = f"{o.broker_host}:{o.broker_port}"
         self.infra.append(Part("broker (embedded Tansu)", self.bootstrap, proc))
+        deadline = time.monotonic() + 30
+        while not embedded.port_in_use(o.broker_host, o.broker_port):
+            if time.monotonic() > deadline or not proc.alive:
+                raise embedded.StackError(f"the embedded broker did not start:\n{proc.tail()}")
+            time.sleep(0.05)
         try:
             asyncio.run(wait_for_broker(self.bootstrap, timeout_s=30))
         except TimeoutError as e:
@@ -178,6 +194,25 @@ class Stack:
                 part.next_restart = 0.0
                 proc.start()
 
+    def wait_healthy(self, stop: threading.Event, timeout_s: float = 90.0) -> None:
+        """Wait until every service answers on its metrics endpoint, has died, or a stop
+        is requested."""
+        deadline = time.monotonic() + timeout_s
+        for part in self.services:
+            assert part.process is not None
+            while not self.healthy(part) and part.process.alive and time.monotonic() < deadline:
+                if stop.wait(0.2):
+                    return
+
+    @staticmethod
+    def healthy(part: Part) -> bool:
+        if not part.address.startswith("http"):
+            return False
+        try:
+            return httpx.get(part.address, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def table(self) -> Table:
         t = Table(title="seawall")
         for col in ("part", "address", "pid", "state"):
@@ -187,7 +222,12 @@ class Stack:
             if proc is None:
                 state, pid = "external", "-"
             else:
-                state = "running" if proc.alive else f"exited ({proc.returncode})"
+                if not proc.alive:
+                    state = f"exited ({proc.returncode})"
+                elif part in self.services:
+                    state = "healthy" if self.healthy(part) else "starting"
+                else:
+                    state = "running"
                 if proc.restarts:
                     state += f", {proc.restarts} restarts"
                 pid = str(proc.pid)
@@ -215,6 +255,7 @@ def run(options: UpOptions, console: Console | None = None) -> int:
     stack = Stack(options, console)
     try:
         stack.start()
+        stack.wait_healthy(stop)
         console.print(stack.table())
         console.print(f"logs: {options.state_dir / 'logs'}")
         console.print("[bold green]seawall is up[/] — Ctrl-C stops it", highlight=False)

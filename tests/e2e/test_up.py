@@ -61,7 +61,17 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    proc, port = _start(tmp_path, "--redis", "embedded", "--redis-port", str(embedded.free_port()))
+    proc, port = _start(
+        tmp_path,
+        "--redis",
+        "embedded",
+        "--redis-port",
+        str(embedded.free_port()),
+        "--workers",
+        "1",
+        "--small-workers",
+        "0",
+    )
     yield proc, port
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -73,10 +83,13 @@ def test_up_then_stop_leaves_no_child(stack: tuple[subprocess.Popen[str], int], 
     banner = _wait_ready(proc)
     assert f"127.0.0.1:{port}" in banner
     assert "redis (private)" in banner
+    assert "worker-main" in banner
+    assert "healthy" in banner
     children = _descendants(proc.pid)
     names = " ".join(" ".join(c.cmdline()) for c in children)
     assert "tansu" in names
     assert "redis-server" in names or "valkey-server" in names
+    assert "services.workers" in names
     assert embedded.port_in_use("127.0.0.1", port)
 
     if how == "ctrl-c":  # the terminal sends SIGINT to the whole foreground group

@@ -1,0 +1,30 @@
+"""The worker's Prometheus metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 8, 13, 20, 30, 60)
+
+IN_FLIGHT = Gauge("seawall_worker_in_flight_requests", "Requests the worker holds now")
+BATCH_LIMIT = Gauge("seawall_worker_batch_limit", "The worker's in-flight cap in force")
+REQUESTS = Counter(
+    "seawall_worker_requests_total", "Requests finished, by terminal status", ["status"]
+)
+CHUNKS = Counter("seawall_worker_reply_chunks_total", "Streamed reply chunks sent")
+LATENCY = Histogram(
+    "seawall_worker_request_duration_seconds",
+    "Start of work to terminal reply",
+    buckets=LATENCY_BUCKETS,
+)
+TTFT = Histogram(
+    "seawall_worker_time_to_first_token_seconds",
+    "Start of work to first token",
+    buckets=LATENCY_BUCKETS,
+)
+ENGINE_RUNNING = Gauge("seawall_engine_running_requests", "Requests the engine is running")
+ENGINE_WAITING = Gauge("seawall_engine_waiting_requests", "Requests waiting in the engine")
+KV_USAGE = Gauge("seawall_engine_kv_cache_usage_ratio", "KV cache in use, 0-1")
+PREEMPTED = Gauge("seawall_engine_preemptions", "Preemptions since the engine started")
+GPU_MEMORY = Gauge("seawall_gpu_memory_used_bytes", "GPU memory in use", ["gpu"])
+GPU_TEMPERATURE = Gauge("seawall_gpu_temperature_celsius", "GPU temperature", ["gpu"])

@@ -1,0 +1,51 @@
+"""Worker settings (``SEAWALL_`` environment variables)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from services.common.settings import CommonSettings
+
+
+class WorkerSettings(CommonSettings):
+    pool: str = Field(default="main", pattern=r"^[A-Za-z0-9._-]+$")
+    engine: Literal["sim", "vllm", "openai-http"] = "sim"
+    batch_limit: int = Field(default=32, ge=1, le=1024)
+    """Initial in-flight cap; then set by ``BatchLimit`` control events, never above the
+    engine's ``max_num_seqs``."""
+    chunk_max_tokens: int = Field(default=16, ge=1, le=4096)
+    chunk_max_interval_s: float = Field(default=0.1, ge=0, le=10)
+    telemetry_interval_s: float = Field(default=1.0, gt=0, le=60)
+    commit_interval_s: float = Field(default=0.2, gt=0, le=10)
+    static_reply: str = "The service is under heavy load; please try again shortly."
+    """Degradation level 3's canned reply."""
+
+    # engine limits, for every engine (vLLM fixes them at start; for `openai-http` they
+    # must repeat what the server was started with)
+    engine_max_num_seqs: int = Field(default=64, ge=1, le=4096)
+    engine_max_num_batched_tokens: int = Field(default=8192, ge=1, le=1_000_000)
+    engine_block_size: int = Field(default=16, ge=1, le=256)
+    engine_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    engine_max_model_len: int = Field(default=4096, ge=16, le=1_048_576)
+
+    # the simulated engine (a simulator of vLLM; see services/workers/engine/sim_core.py)
+    sim_model: str = "llama-2-7b"
+    sim_gpu: str = "a100-80g"
+    sim_time_scale: float = Field(default=1.0, gt=0, le=1000)
+    """Multiplies every simulated step time (below 1: a faster fleet for demos and tests)."""
+    sim_seed: int = 0
+    sim_error_rate: float = Field(default=0.0, ge=0, le=1)
+    sim_slowdown: float = Field(default=1.0, gt=0, le=1000)
+    sim_hang_after_s: float | None = Field(default=None, ge=0)
+    sim_crash_after_s: float | None = Field(default=None, ge=0)
+    sim_over_temperature: bool = False
+    sim_memory_leak_mb_per_s: float = Field(default=0.0, ge=0)
+
+    # vLLM in process (extra `vllm`)
+    vllm_model: str = ""
+
+    # a separately running `vllm serve` (or `seawall sim-serve`)
+    openai_base_url: str = "http://127.0.0.1:8000"
+    openai_model: str = ""

@@ -1,0 +1,134 @@
+"""Test helpers that play the parts around a service: a dispatcher that produces
+requests, and a client that reads its reply topic and counts terminal replies."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from aiokafka import AIOKafkaConsumer
+
+from schemas import (
+    DispatchedRequest,
+    InferenceReply,
+    InferenceRequest,
+    Priority,
+    ReplyChunk,
+    SamplingParams,
+)
+from schemas.base import Message
+from services.common.bus import ensure_topics, make_consumer, make_producer
+from services.common.serde import REPLY, TELEMETRY, decode, encode
+from services.common.settings import CommonSettings
+from services.common.topics import Topics
+
+
+def dispatched(
+    i: int,
+    reply_to: str,
+    *,
+    max_tokens: int = 32,
+    stream: bool = True,
+    pool: str = "main",
+    deadline_in_s: float | None = None,
+    priority: Priority = Priority.STANDARD,
+) -> DispatchedRequest:
+    now = time.time()
+    request = InferenceRequest(
+        request_id=f"req-{i}",
+        tenant="acme",
+        prompt=f"tell me about item {i}",
+        sampling=SamplingParams(max_tokens=max_tokens),
+        stream=stream,
+        reply_to=reply_to,
+        created_at=now,
+        deadline_at=None if deadline_in_s is None else now + deadline_in_s,
+        session_id=f"s{i}",
+        priority=priority,
+        pool=pool,
+    )
+    return DispatchedRequest(request=request, pool=pool, admitted_at=now)
+
+
+async def produce(
+    settings: CommonSettings, topic: str, messages: Iterable[Message | bytes]
+) -> None:
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        for i, msg in enumerate(messages):
+            value = msg if isinstance(msg, bytes) else encode(msg)
+            await producer.send_and_wait(topic, value, key=f"k{i}".encode())
+    finally:
+        await producer.stop()
+
+
+class ReplyReader:
+    """Reads one reply topic; keeps every chunk and terminal reply, duplicates included."""
+
+    def __init__(self, settings: CommonSettings, topics: Topics, owner: str = "client") -> None:
+        self.settings = settings
+        self.topic = topics.reply(owner)
+        self._spec = topics.reply_spec(owner)
+        self.chunks: dict[str, list[ReplyChunk]] = defaultdict(list)
+        self.terminals: dict[str, list[InferenceReply]] = defaultdict(list)
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> ReplyReader:
+        await ensure_topics(self.settings.kafka_bootstrap, [self._spec])
+        self._consumer = make_consumer(self.settings, self.topic, group_id=None)
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._consumer is not None
+        await self._consumer.stop()
+
+    async def poll(self, timeout_ms: int = 200) -> None:
+        assert self._consumer is not None
+        batches = await self._consumer.getmany(timeout_ms=timeout_ms)
+        for records in batches.values():
+            for r in records:
+                msg = decode(REPLY, r.value)
+                if isinstance(msg, ReplyChunk):
+                    self.chunks[msg.request_id].append(msg)
+                else:
+                    self.terminals[msg.request_id].append(msg)
+
+    async def wait_terminals(self, n: int, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.terminals) < n and time.monotonic() < deadline:
+            await self.poll()
+        assert len(self.terminals) >= n, f"{len(self.terminals)} of {n} terminal replies"
+
+
+async def read_telemetry(
+    settings: CommonSettings, topics: Topics, want: set[str], timeout_s: float = 30
+) -> dict[str, list[Message]]:
+    consumer = make_consumer(settings, topics.telemetry, group_id=None)
+    await consumer.start()
+    seen: dict[str, list[Message]] = defaultdict(list)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not want <= set(seen) and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=300)).values():
+                for r in records:
+                    msg = decode(TELEMETRY, r.value)
+                    seen[msg.type].append(msg)
+    finally:
+        await consumer.stop()
+    return seen
+
+
+async def until(
+    predicate: Callable[[], bool],
+    timeout_s: float = 30,
+    every_s: float = 0.02,
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(every_s)

@@ -1,0 +1,175 @@
+"""The worker on the real broker, driving the simulated engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from schemas import BatchLimit, DeadLetter, Evidence, ReplyStatus
+from services.common.bus import make_consumer
+from services.common.serde import encode
+from services.common.settings import CommonSettings
+from services.common.topics import Topics
+from services.workers.engine.factory import build_engine
+from services.workers.engine.sim import SimulatedEngine
+from services.workers.gpu import SimulatedGpuProbe
+from services.workers.service import Worker
+from services.workers.settings import WorkerSettings
+from tests.fleet import ReplyReader, dispatched, produce, read_telemetry, until
+
+
+def worker_settings(settings: CommonSettings, **changes: object) -> WorkerSettings:
+    base = settings.model_dump()
+    base.update(
+        instance_id="w1",
+        telemetry_interval_s=0.2,
+        commit_interval_s=0.05,
+        shutdown_grace_s=5,
+        sim_time_scale=0.2,
+    )
+    base.update(changes)
+    return WorkerSettings(**base)
+
+
+@pytest.fixture
+async def worker(
+    settings: CommonSettings, topics: Topics, request: pytest.FixtureRequest
+) -> AsyncIterator[Worker]:
+    ws = worker_settings(settings, **getattr(request, "param", {}))
+    engine = build_engine(ws)
+    assert isinstance(engine, SimulatedEngine)
+    async with Worker(ws, engine, SimulatedGpuProbe(lambda: [engine.gpu_reading()])) as w:
+        yield w
+
+
+async def test_every_request_gets_its_chunks_then_one_terminal_reply(
+    settings: CommonSettings, topics: Topics, worker: Worker
+) -> None:
+    n = 12
+    async with ReplyReader(settings, topics) as client:
+        requests = [dispatched(i, client.topic, max_tokens=40, stream=i % 3 != 0) for i in range(n)]
+        await produce(settings, topics.dispatch("main"), requests)
+        await client.wait_terminals(n)
+        for _ in range(5):
+            await client.poll(100)  # anything that would come after the terminal reply
+
+    assert sorted(client.terminals) == sorted(d.request.request_id for d in requests)
+    for d in requests:
+        rid = d.request.request_id
+        (reply,) = client.terminals[rid]
+        assert reply.status is ReplyStatus.OK
+        assert reply.completion_tokens == 40
+        assert reply.finish_reason == "length"
+        chunks = client.chunks.get(rid, [])
+        if d.request.stream:
+            assert [c.seq for c in chunks] == list(range(reply.chunks))
+            assert 1 <= reply.chunks < 40  # coalesced: far fewer records than tokens
+            assert "".join(c.text for c in chunks) == reply.text
+            assert sum(c.tokens for c in chunks) == 40
+        else:
+            assert chunks == []
+            assert reply.chunks == 0
+
+
+async def test_telemetry_of_every_kind(
+    settings: CommonSettings, topics: Topics, worker: Worker
+) -> None:
+    async with ReplyReader(settings, topics) as client:
+        await produce(settings, topics.dispatch("main"), [dispatched(0, client.topic)])
+        await client.wait_terminals(1)
+    seen = await read_telemetry(
+        settings, topics, {"request_completed", "engine_stats", "gpu_stats", "worker_heartbeat"}
+    )
+    assert set(seen) >= {"request_completed", "engine_stats", "gpu_stats", "worker_heartbeat"}
+    (done,) = seen["request_completed"]
+    assert done.request_id == "req-0"  # type: ignore[attr-defined]
+    assert done.completion_tokens == 32  # type: ignore[attr-defined]
+    assert all(g.simulated for g in seen["gpu_stats"])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("worker", [{"batch_limit": 8, "sim_time_scale": 2.0}], indirect=True)
+async def test_batch_limit_event_changes_the_in_flight_count(
+    settings: CommonSettings, topics: Topics, worker: Worker
+) -> None:
+    samples: list[int] = []
+
+    def sample(pred: object) -> bool:
+        samples.append(worker.in_flight)
+        return bool(pred)
+
+    async with ReplyReader(settings, topics) as client:
+        await produce(
+            settings,
+            topics.dispatch("main"),
+            [dispatched(i, client.topic, max_tokens=150) for i in range(40)],
+        )
+        await until(lambda: sample(worker.in_flight == 8))
+        assert max(samples) == 8
+
+        event = BatchLimit(
+            scope="worker:w1",
+            seq=1,
+            issued_at=time.time(),
+            worker_id="w1",
+            limit=3,
+            evidence=Evidence(reason="test"),
+        )
+        await produce(settings, topics.control, [event])
+        await until(lambda: worker.batch_limit == 3)
+        await until(lambda: worker.in_flight <= 3)
+        samples.clear()
+        deadline = time.monotonic() + 120
+        while len(client.terminals) < 16 and time.monotonic() < deadline:
+            await client.poll(20)
+            samples.append(worker.in_flight)
+        assert len(client.terminals) >= 16
+        assert max(samples) == 3  # never above the new limit, and the limit is used
+
+        # a limit above the engine's max_num_seqs is clamped to it
+        worker.set_batch_limit(10_000)
+        assert worker.batch_limit == worker.engine.limits.max_num_seqs
+
+
+async def test_expired_requests_get_an_expired_reply_without_engine_time(
+    settings: CommonSettings, topics: Topics, worker: Worker
+) -> None:
+    async with ReplyReader(settings, topics) as client:
+        late = dispatched(1, client.topic, deadline_in_s=0.001)
+        await asyncio.sleep(0.01)
+        await produce(settings, topics.dispatch("main"), [late])
+        await client.wait_terminals(1)
+    (reply,) = client.terminals["req-1"]
+    assert reply.status is ReplyStatus.EXPIRED
+    assert worker.engine.snapshot().generation_tokens_total == 0
+
+
+async def test_a_malformed_record_is_dead_lettered_and_the_worker_carries_on(
+    settings: CommonSettings, topics: Topics, worker: Worker
+) -> None:
+    async with ReplyReader(settings, topics) as client:
+        good = dispatched(7, client.topic)
+        await produce(
+            settings,
+            topics.dispatch("main"),
+            [b"{not json", b'{"type": "dispatched_request"}', good],
+        )
+        await client.wait_terminals(1)
+    assert client.terminals["req-7"][0].status is ReplyStatus.OK
+
+    consumer = make_consumer(settings, topics.deadletter, group_id=None)
+    await consumer.start()
+    letters: list[DeadLetter] = []
+    try:
+        deadline = time.monotonic() + 20
+        while len(letters) < 2 and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=300)).values():
+                letters += [DeadLetter.model_validate_json(r.value) for r in records]
+    finally:
+        await consumer.stop()
+    assert sorted(letter.reason for letter in letters) == ["invalid_json", "schema_violation"]
+    assert {letter.raw for letter in letters} == {b"{not json", b'{"type": "dispatched_request"}'}
+    assert all(letter.source_topic == topics.dispatch("main") for letter in letters)
+    assert encode(good)  # the good record was served after the bad ones (above)
