@@ -1,0 +1,205 @@
+"""Sensitive-data detection in prompts: find, then block or redact (DESIGN, "Pre-filter").
+
+Kinds, in priority order (an overlapping lower-priority candidate is dropped):
+
+- ``credential``: a label — 密码, 口令, 账号/帐号, 账户/帐户, 身份证(号/号码); English
+  password, passwd, pwd, passcode, account, acct, ID card/number/no., identity card —
+  then ``:``, ``=`` or ``：`` and a value. The finding spans the value, not the label.
+  A bare English ``id=`` is deliberately *not* a label: it would flag every query
+  string and SQL snippet, the same mistake as the seed's digit pattern.
+- ``resident_id``: an 18-character PRC resident ID number (GB 11643-1999): a known
+  province code, a real calendar date of birth between 1900 and 2099, and the ISO
+  7064 MOD 11-2 check character (0-9 or X).
+- ``mobile``: a PRC mobile number, ``1[3-9]`` plus 9 digits (optionally ``+86`` and
+  3-4-4 grouping by spaces or dashes) whose 3-digit prefix has been allocated.
+- ``bank_card``: 13–19 digits (spaces or dashes allowed between digits) passing the
+  Luhn check, when a card word (卡号, 银行卡, 信用卡, card, visa, ...) precedes it;
+  without one, only 16–19 digits, and not when an order word (订单, 单号, order,
+  tracking, invoice, ...) precedes it instead.
+
+Digit runs are never flagged on length alone: the seed's ``\\b\\d{6,18}\\b`` matches
+every order number. Findings carry the kind and the span only, never the value, so
+they (and ``summary``) are safe to log; ``redact`` replaces spans with
+``[REDACTED:<kind>]``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["credential", "resident_id", "mobile", "bank_card"]
+SensitivePolicy = Literal["block", "redact"]
+Action = Literal["pass", "block", "redact"]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Finding:
+    start: int
+    end: int
+    kind: Kind
+
+
+@dataclass(frozen=True, slots=True)
+class Screening:
+    action: Action
+    text: str
+    """The text with every finding redacted (unchanged when nothing was found)."""
+    findings: tuple[Finding, ...]
+
+
+# Whitespace, CJK symbols and punctuation (、。「」…), full-width punctuation.
+_STOP = r"\s\u3000-\u303f\uff01-\uff0f\uff1a-\uff20"
+_IDEOGRAPHS = r"\u4e00-\u9fff"
+_CREDENTIAL = re.compile(
+    r"(?:密码|口令|[账帐](?:号|户)|身份证(?:号码|号)?"
+    r"|(?<![a-z])(?:password|passwd|pwd|passcode|account|acct"
+    r"|id[ _-]?(?:card|number|no\.?)|identity[ _-]?card)(?![a-z]))"
+    r"\s*[:=：]\s*"
+    # A quoted value, a run of ideographs, or a run of anything up to whitespace,
+    # punctuation or the first ideograph (where the surrounding sentence resumes).
+    rf"""(?P<value>"[^"\n]{{1,256}}"|'[^'\n]{{1,256}}'|[{_IDEOGRAPHS}]+|[^{_STOP}{_IDEOGRAPHS}]+)""",
+    re.IGNORECASE,
+)
+_RESIDENT_ID = re.compile(r"(?<!\d)\d{17}[\dXx](?![\dXx])")
+_MOBILE = re.compile(
+    r"(?<!\d)(?<!\d[ -])(?:\+?86[ -]?)?(?P<number>1[3-9]\d(?:[ -]?\d{4}){2})(?!\d)(?![ -]\d)"
+)
+_CARD = re.compile(r"(?<!\d)(?<!\d[ -])\d(?:[ -]?\d){12,18}(?!\d)(?![ -]\d)")
+_CARD_WORDS = re.compile(
+    r"卡号|银行卡|信用卡|储蓄卡|借记卡|银联|"
+    r"(?<![a-z])(?:card|visa|mastercard|amex|unionpay|credit|debit)(?![a-z])",
+    re.IGNORECASE,
+)
+_ORDER_WORDS = re.compile(
+    r"订单|单号|运单|流水号|交易号|"
+    r"(?<![a-z])(?:order|tracking|invoice|txn|transaction|ref)(?![a-z])",
+    re.IGNORECASE,
+)
+_CONTEXT_CHARS = 24
+"""How far before a number its context words are looked for."""
+
+_PROVINCES = frozenset(
+    {11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 46}
+    | {50, 51, 52, 53, 54, 61, 62, 63, 64, 65, 71, 81, 82, 83, 91}
+)
+_GB11643_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+_MOBILE_PREFIXES = frozenset(
+    [f"13{d}" for d in range(10)]
+    + ["145", "146", "147", "148", "149"]
+    + ["150", "151", "152", "153", "155", "156", "157", "158", "159"]
+    + ["162", "165", "166", "167"]
+    + ["170", "171", "172", "173", "174", "175", "176", "177", "178"]
+    + [f"18{d}" for d in range(10)]
+    + ["190", "191", "192", "193", "195", "196", "197", "198", "199"]
+)
+
+
+def luhn_check_digit(payload: str) -> str:
+    """The Luhn digit that completes ``payload`` (digits only)."""
+    total = 0
+    for i, ch in enumerate(reversed(payload)):
+        d = int(ch)
+        if i % 2 == 0:  # doubled: these sit at odd positions once the check digit is appended
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return str(-total % 10)
+
+
+def luhn_valid(digits: str) -> bool:
+    return len(digits) > 1 and digits.isdigit() and luhn_check_digit(digits[:-1]) == digits[-1]
+
+
+def gb11643_check_char(first17: str) -> str:
+    """GB 11643-1999's check character (ISO 7064 MOD 11-2) for 17 digits."""
+    total = sum(int(c) * w for c, w in zip(first17, _GB11643_WEIGHTS, strict=True))
+    return "10X98765432"[total % 11]
+
+
+def is_resident_id(value: str) -> bool:
+    if len(value) != 18 or not value[:17].isdigit() or int(value[:2]) not in _PROVINCES:
+        return False
+    year, month, day = int(value[6:10]), int(value[10:12]), int(value[12:14])
+    if not 1900 <= year <= 2099:
+        return False
+    try:
+        dt.date(year, month, day)
+    except ValueError:
+        return False
+    return gb11643_check_char(value[:17]) == value[17].upper()
+
+
+def is_mobile(digits: str) -> bool:
+    return len(digits) == 11 and digits.isdigit() and digits[:3] in _MOBILE_PREFIXES
+
+
+def _digits(s: str) -> str:
+    return s.replace(" ", "").replace("-", "")
+
+
+def _credentials(text: str) -> Iterator[Finding]:
+    for m in _CREDENTIAL.finditer(text):
+        yield Finding(m.start("value"), m.end("value"), "credential")
+
+
+def _resident_ids(text: str) -> Iterator[Finding]:
+    for m in _RESIDENT_ID.finditer(text):
+        if is_resident_id(m.group()):
+            yield Finding(m.start(), m.end(), "resident_id")
+
+
+def _mobiles(text: str) -> Iterator[Finding]:
+    for m in _MOBILE.finditer(text):
+        if is_mobile(_digits(m.group("number"))):
+            yield Finding(m.start(), m.end(), "mobile")
+
+
+def _cards(text: str) -> Iterator[Finding]:
+    for m in _CARD.finditer(text):
+        digits = _digits(m.group())
+        if not luhn_valid(digits):
+            continue
+        before = text[max(0, m.start() - _CONTEXT_CHARS) : m.start()]
+        if _CARD_WORDS.search(before) or (len(digits) >= 16 and not _ORDER_WORDS.search(before)):
+            yield Finding(m.start(), m.end(), "bank_card")
+
+
+def detect(text: str) -> list[Finding]:
+    """Every sensitive span in ``text``, non-overlapping, in text order."""
+    accepted: list[Finding] = []
+    for detector in (_credentials, _resident_ids, _mobiles, _cards):
+        for f in detector(text):
+            if all(f.end <= a.start or a.end <= f.start for a in accepted):
+                accepted.append(f)
+    return sorted(accepted)
+
+
+def redact(text: str, findings: Iterable[Finding]) -> str:
+    """``text`` with each finding's span replaced by ``[REDACTED:<kind>]``."""
+    out: list[str] = []
+    pos = 0
+    for f in sorted(findings):
+        if f.start < pos or f.end > len(text) or f.start > f.end:
+            raise ValueError("findings overlap or fall outside the text")
+        out += [text[pos : f.start], f"[REDACTED:{f.kind}]"]
+        pos = f.end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def summary(findings: Iterable[Finding]) -> dict[Kind, int]:
+    """Counts per kind: what may go into logs and audit events."""
+    return dict(Counter(f.kind for f in findings))
+
+
+def screen(text: str, policy: SensitivePolicy) -> Screening:
+    """Apply a tenant's policy: ``block`` refuses the request, ``redact`` forwards the
+    redacted text. Either way the returned text is the redacted one."""
+    findings = tuple(detect(text))
+    if not findings:
+        return Screening("pass", text, ())
+    return Screening(policy, redact(text, findings), findings)
