@@ -38,6 +38,9 @@ class ReasonCode(StrEnum):
     ENGINE_ERROR = "engine_error"
     WORKER_SHUTDOWN = "worker_shutdown"
     QUOTA_UNAVAILABLE = "quota_unavailable"
+    CANCELLED = "cancelled"
+    """The client went away before the request was dispatched."""
+    REPLY_UNDELIVERABLE = "reply_undeliverable"
 
 
 FinishReason = Literal["stop", "length", "abort", "error"]
