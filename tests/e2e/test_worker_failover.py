@@ -4,6 +4,7 @@ repeats of the same request id)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -13,7 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
 
+from services.common.bus import make_consumer
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
 from tests.fleet import ReplyReader, dispatched, produce
@@ -100,3 +103,46 @@ async def test_sigkilled_worker_requests_complete_elsewhere(
         f"\nkilled {victim} with {len(unfinished_by_victim)} requests mid-stream; "
         f"all {n} answered {recovered_after:.1f}s after the kill"
     )
+
+
+async def test_sigterm_drains_in_flight_work_then_commits(
+    settings: CommonSettings, topics: Topics, tmp_path: Path
+) -> None:
+    proc = spawn_worker(settings, "w-drain", tmp_path / "drain.log")
+    try:
+        n = 6
+        async with ReplyReader(settings, topics) as client:
+            await produce(
+                settings,
+                topics.dispatch("main"),
+                [dispatched(i, client.topic, max_tokens=150) for i in range(n)],
+            )
+            deadline = time.monotonic() + 60
+            while len(client.chunks) < 4 and time.monotonic() < deadline:
+                await client.poll(100)
+            in_flight = set(client.chunks) - set(client.terminals)
+            assert in_flight, "nothing was mid-stream when SIGTERM came"
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(proc.wait, 60) == 0
+            for _ in range(10):
+                await client.poll(100)
+        # Everything it had started was finished before it exited, not abandoned.
+        assert in_flight <= set(client.terminals)
+        for rid in in_flight:
+            (reply,) = client.terminals[rid]
+            assert reply.completion_tokens == 150
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    # What it finished was committed: the group's committed offsets cover those records.
+    consumer = make_consumer(settings, group_id=f"{settings.topic_prefix}seawall.workers.main")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topics.dispatch("main"), p) for p in range(settings.topic_partitions)]
+        committed = sum([await consumer.committed(tp) or 0 for tp in tps])
+        assert committed >= len(client.terminals)
+    finally:
+        await consumer.stop()
+    log = (tmp_path / "drain.log").read_text()
+    assert "draining" in log
