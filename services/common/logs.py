@@ -33,32 +33,27 @@ def logfmt_value(value: object) -> str:
     return text
 
 
+def _document(record: logging.LogRecord, formatter: logging.Formatter) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "ts": _ts(record),
+        "level": record.levelname,
+        "logger": record.name,
+        "msg": record.getMessage(),
+        **_fields(record),
+    }
+    if record.exc_info:
+        doc["exc"] = formatter.formatException(record.exc_info)
+    return doc
+
+
 class LogfmtFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        pairs: dict[str, object] = {
-            "ts": _ts(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-            **_fields(record),
-        }
-        if record.exc_info:
-            pairs["exc"] = self.formatException(record.exc_info)
-        return " ".join(f"{k}={logfmt_value(v)}" for k, v in pairs.items())
+        return " ".join(f"{k}={logfmt_value(v)}" for k, v in _document(record, self).items())
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "ts": _ts(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-            **_fields(record),
-        }
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str, ensure_ascii=False)
+        return json.dumps(_document(record, self), default=str, ensure_ascii=False)
 
 
 def configure(level: str = "INFO", fmt: str = "logfmt") -> None:

@@ -299,38 +299,25 @@ class Worker(Component):
         req = d.request
         started = self.clock.time()
         if req.deadline_at is not None and started > req.deadline_at:
-            await self._finish(
-                d,
-                record,
-                started,
-                None,
-                InferenceReply(
-                    request_id=req.request_id,
-                    status=ReplyStatus.EXPIRED,
-                    reason=ReasonCode.DEADLINE_EXCEEDED,
-                    message="the deadline passed before a worker could start",
-                    worker_id=self.worker_id,
-                    completed_at=self.clock.time(),
-                ),
+            reply = self._reply(
+                req.request_id,
+                ReplyStatus.EXPIRED,
+                ReasonCode.DEADLINE_EXCEEDED,
+                message="the deadline passed before a worker could start",
             )
+            await self._finish(d, record, started, None, reply)
             return
         if d.degradation.static_reply:
-            await self._finish(
-                d,
-                record,
-                started,
-                None,
-                InferenceReply(
-                    request_id=req.request_id,
-                    status=ReplyStatus.DEGRADED,
-                    reason=ReasonCode.DEGRADED_STATIC,
-                    text=self.settings.static_reply,
-                    completion_tokens=count_tokens(self.settings.static_reply),
-                    finish_reason="stop",
-                    worker_id=self.worker_id,
-                    completed_at=self.clock.time(),
-                ),
+            text = self.settings.static_reply
+            reply = self._reply(
+                req.request_id,
+                ReplyStatus.DEGRADED,
+                ReasonCode.DEGRADED_STATIC,
+                text=text,
+                completion_tokens=count_tokens(text),
+                finish_reason="stop",
             )
+            await self._finish(d, record, started, None, reply)
             return
         prompt = prompt_text(d)
         cap = d.degradation.max_tokens_cap
@@ -377,23 +364,28 @@ class Worker(Component):
             status, reason = ReplyStatus.ERROR, ReasonCode.ENGINE_ERROR
         else:
             status = ReplyStatus.DEGRADED if reason is not ReasonCode.NONE else ReplyStatus.OK
-        await self._finish(
-            d,
-            record,
-            started,
-            ttft,
-            InferenceReply(
-                request_id=req.request_id,
-                status=status,
-                reason=reason,
-                text="".join(parts)[:65_536],
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                finish_reason=finish_reason,
-                chunks=coalescer.chunks_sent,
-                worker_id=self.worker_id,
-                completed_at=self.clock.time(),
-            ),
+        reply = self._reply(
+            req.request_id,
+            status,
+            reason,
+            text="".join(parts)[:65_536],
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reason=finish_reason,
+            chunks=coalescer.chunks_sent,
+        )
+        await self._finish(d, record, started, ttft, reply)
+
+    def _reply(
+        self, request_id: str, status: ReplyStatus, reason: ReasonCode, **fields: Any
+    ) -> InferenceReply:
+        return InferenceReply(
+            request_id=request_id,
+            status=status,
+            reason=reason,
+            worker_id=self.worker_id,
+            completed_at=self.clock.time(),
+            **fields,
         )
 
     async def _send_chunk(self, topic: str, request_id: str, chunk: Any) -> asyncio.Future[Any]:
