@@ -42,7 +42,12 @@ def default_services(workers: int, small_workers: int) -> tuple[ServiceSpec, ...
     """The services that exist so far, with their process counts."""
     return (
         ServiceSpec("worker-main", "services.workers", workers, {"SEAWALL_POOL": "main"}),
-        ServiceSpec("worker-small", "services.workers", small_workers, {"SEAWALL_POOL": "small"}),
+        ServiceSpec(
+            "worker-small",
+            "services.workers",
+            small_workers,
+            {"SEAWALL_POOL": "small", "SEAWALL_SIM_MODEL": "llama-3.2-1b"},
+        ),
     )
 
 

@@ -88,13 +88,15 @@ class GpuProfile:
     """Steady temperature at 100% utilization, well below the 90 °C danger line."""
 
 
-def _model(name: str, layers: int, kv_heads: int, params: int, max_model_len: int) -> ModelProfile:
-    """An fp16 model with 128-wide heads (all the profiles below), from its parameters."""
+def _model(
+    name: str, layers: int, kv_heads: int, params: int, max_model_len: int, head_dim: int = 128
+) -> ModelProfile:
+    """An fp16 model, from its parameters."""
     return ModelProfile(
         name=name,
         num_layers=layers,
         num_kv_heads=kv_heads,
-        head_dim=128,
+        head_dim=head_dim,
         dtype_bytes=2,
         weight_bytes=params * 2,
         max_model_len=max_model_len,
@@ -110,6 +112,8 @@ MODELS: Final = MappingProxyType(
             _model("llama-2-13b", 40, 40, 13_015_864_320, 4096),
             _model("llama-3-8b", 32, 8, 8_030_261_248, 8192),
             _model("codellama-34b", 48, 8, 33_743_970_304, 16384),
+            # The small pool's model (degradation level 1 diverts non-VIP work to it).
+            _model("llama-3.2-1b", 16, 8, 1_235_814_400, 8192, head_dim=64),
         )
     }
 )

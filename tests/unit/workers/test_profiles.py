@@ -25,6 +25,7 @@ MIB = 1024**2
         ("llama-2-13b", 0.78125),
         ("llama-3-8b", 0.125),
         ("codellama-34b", 0.1875),
+        ("llama-3.2-1b", 0.03125),  # 16 layers x 8 KV heads x 64 wide
     ],
 )
 def test_kv_bytes_per_token_follow_the_architecture(model: str, mib_per_token: float) -> None:
@@ -65,3 +66,11 @@ def test_measured_coefficients_win_and_others_scale_from_llama_2_7b() -> None:
     assert thirteen.F_ms == pytest.approx(a100.step.F_ms * 13_015_864_320 / 6_738_415_616)
     assert thirteen.k_kv_ms_per_token == pytest.approx(a100.step.k_kv_ms_per_token * 800 / 512)
     assert thirteen.c0_ms == a100.step.c0_ms
+
+
+def test_the_small_pool_model_steps_faster_than_the_reference() -> None:
+    gpu = GPUS["a100-80g"]
+    small = step_coefficients(MODELS["llama-3.2-1b"], gpu)
+    ref = step_coefficients(MODELS["llama-2-7b"], gpu)
+    assert small.F_ms < ref.F_ms / 4
+    assert small.k_kv_ms_per_token < ref.k_kv_ms_per_token / 10
