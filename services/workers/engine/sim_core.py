@@ -183,8 +183,8 @@ class StepResult:
 
     @property
     def idle(self) -> bool:
-        """Nothing was scheduled: the core waits for a request (or is hung)."""
-        return self.scheduled_requests == 0
+        """Nothing was scheduled or preempted: the core waits for a request (or is hung)."""
+        return self.scheduled_requests == 0 and not self.preempted
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,7 +359,9 @@ class SimCore:
         scheduled, preempted = self._schedule()
         running = len(self._running)
         if not scheduled:
-            return _idle(running)
+            # A step that only preempted ran no forward pass, but it freed blocks: the
+            # next step can schedule again, so it must not read as idle.
+            return _idle(running, tuple(preempted))
         duration_ms = self._step_time_ms(scheduled)
         self._busy.append((now, now + duration_ms / 1000.0))
         while self._busy and self._busy[0][1] < now - UTILIZATION_WINDOW_S:
@@ -568,8 +570,8 @@ class SimCore:
             raise EngineError(self._crash)
 
 
-def _idle(running: int) -> StepResult:
-    return StepResult(0.0, {}, {}, (), (), 0, 0, running)
+def _idle(running: int, preempted: tuple[str, ...] = ()) -> StepResult:
+    return StepResult(0.0, {}, {}, preempted, (), 0, 0, running)
 
 
 def _geometric(rng: random.Random, p: float) -> int | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from services.workers.engine.base import EngineError
@@ -219,6 +219,15 @@ def test_eos_probability_ends_requests_early_with_stop() -> None:
 
 
 @settings(max_examples=100, deadline=None)
+# A step that only preempted once read as idle, and the engine waited for new work
+# with requests still queued (found by this test).
+@example(
+    max_num_seqs=3,
+    extra_budget=3,
+    blocks=4,
+    policy="priority",
+    arrivals=[(0.875, 15, 4, 0), (0.90625, 1, 3, 0), (0.765625, 1, 17, 1)],
+)
 @given(
     max_num_seqs=st.integers(1, 8),
     extra_budget=st.integers(0, 120),
