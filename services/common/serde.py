@@ -67,6 +67,10 @@ def decode(adapter: TypeAdapter[T], raw: bytes | None) -> T:
         raise DecodeError(
             "invalid_json", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}"
         ) from None
+    except RecursionError:
+        raise DecodeError("invalid_json", "invalid JSON: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer beyond Python's digit limit
+        raise DecodeError("invalid_json", f"invalid JSON: {e}"[:200]) from None
     if isinstance(data, dict) and data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
         version = data["schema_version"]
         shown = version if isinstance(version, int) else type(version).__name__

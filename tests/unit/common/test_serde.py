@@ -84,6 +84,8 @@ def test_round_trip() -> None:
             "unsupported_version",
         ),
         (b'{"type": "inference_request"}', "schema_violation"),
+        (b"[" * 100_000 + b"]" * 100_000, "invalid_json"),
+        (b'{"request_id": ' + b"9" * 5000 + b"}", "invalid_json"),
     ],
 )
 def test_reasons(raw: bytes | None, reason: str) -> None:
