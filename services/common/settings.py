@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_BROKER = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -29,7 +29,7 @@ class CommonSettings(BaseSettings):
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", max_length=64)
     topic_partitions: int = Field(default=3, ge=1, le=1024)
     topic_replication: int = Field(default=1, ge=1, le=16)
-    pools: tuple[str, ...] = ("main", "small")
+    pools: Annotated[tuple[str, ...], NoDecode] = ("main", "small")
 
     redis_url: str = DEFAULT_REDIS_URL
     redis_prefix: str = Field(default="seawall:", max_length=64)
