@@ -100,3 +100,8 @@ class RedisKeys:
 
     def session(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}"
+
+    def abort(self, request_id: str) -> str:
+        """Set (with a TTL) by ingress when a request's client went away; admission
+        checks it before dispatching and answers the request as ``cancelled``."""
+        return f"{self.prefix}abort:{request_id}"

@@ -1,0 +1,234 @@
+"""Awaiting replies: one consumer on an owner's reply topic, routed to per-request streams.
+
+Whoever produces requests with ``reply_to`` set to its own reply topic (an ingress
+instance, the async client SDK) runs one ``ReplyRouter``; each request it is waiting on
+is ``register``-ed and gets a ``ReplyStream``: its ``ReplyChunk``s in order, then its one
+terminal ``InferenceReply``, after which the stream ends.
+
+- Register *before* producing the request: a reply that arrives for a request id nobody
+  registered is dropped (counted as ``orphan``), so registering late could miss a fast
+  reply. The router reads from the end of the topic as it was at start: replies
+  produced before ``start`` returned are not seen.
+- At-least-once delivery upstream means duplicates: a chunk whose ``seq`` was already
+  delivered, and anything after the terminal reply (a second terminal reply included),
+  is dropped (``duplicate``). After ``unregister`` every record for the id is an
+  ``orphan``.
+- There is no consumer group (every owner reads its own topic whole) and so no commit.
+- A record that does not decode is dead-lettered when a producer is given, else logged
+  and counted; either way the router carries on.
+- When the router stops or its consumer fails, every open stream raises
+  ``ReplyRouterClosed`` instead of leaving its reader waiting for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+from prometheus_client import Counter
+
+from schemas import InferenceReply, ReplyChunk
+from services.common.bus import ensure_topics, make_consumer, send_dead_letter, topics_of
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.lifecycle import Component, cancel_tasks
+from services.common.serde import REPLY, DecodeError, decode
+from services.common.settings import CommonSettings
+
+log = logging.getLogger(__name__)
+
+ReplyItem = ReplyChunk | InferenceReply
+
+RECORDS = Counter(
+    "seawall_reply_router_records_total",
+    "Reply-topic records read, by what became of them",
+    ["outcome"],
+)
+
+
+class ReplyRouterClosed(ConnectionError):
+    """The router stopped (or its consumer failed) before the terminal reply came."""
+
+
+class ReplyStream:
+    """One request's replies: chunks (each ``seq`` once), then the terminal reply.
+
+    Iterate it (``async for item in stream``) to get every item, the terminal reply
+    last; or ``await stream.result()`` for the terminal reply alone. Bound the wait
+    with ``asyncio.timeout``: the stream itself never times out.
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.terminal: InferenceReply | None = None
+        """The terminal reply once the router has received it (it may not be read yet)."""
+        self._queue: asyncio.Queue[ReplyItem | ReplyRouterClosed] = asyncio.Queue()
+        self._seqs: set[int] = set()
+        self._finished = False
+
+    def deliver(self, item: ReplyItem) -> bool:
+        """Queue ``item`` unless it is a duplicate; ``False`` if it was dropped."""
+        if self.terminal is not None:
+            return False
+        if isinstance(item, ReplyChunk):
+            if item.seq in self._seqs:
+                return False
+            self._seqs.add(item.seq)
+        else:
+            self.terminal = item
+        self._queue.put_nowait(item)
+        return True
+
+    def close(self, error: ReplyRouterClosed) -> None:
+        """Wake the reader with ``error`` (after whatever is queued) unless it is done."""
+        if self.terminal is None:
+            self._queue.put_nowait(error)
+
+    async def next(self) -> ReplyItem:
+        """The next item; raises ``StopAsyncIteration`` after the terminal reply and
+        ``ReplyRouterClosed`` if the router went away first."""
+        if self._finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, ReplyRouterClosed):
+            raise item
+        if isinstance(item, InferenceReply):
+            self._finished = True
+        return item
+
+    def __aiter__(self) -> AsyncIterator[ReplyItem]:
+        return self
+
+    async def __anext__(self) -> ReplyItem:
+        return await self.next()
+
+    async def result(self) -> InferenceReply:
+        """Skip the chunks; the terminal reply."""
+        async for item in self:
+            if isinstance(item, InferenceReply):
+                return item
+        raise AssertionError("a finished stream has delivered its terminal reply")
+
+
+class ReplyRouter(Component):
+    """Reads ``owner``'s reply topic (created at start) and feeds registered streams."""
+
+    name = "reply-router"
+
+    def __init__(
+        self,
+        settings: CommonSettings,
+        owner: str,
+        *,
+        dead_letters: AIOKafkaProducer | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        super().__init__()
+        self._settings = settings
+        self._topics = topics_of(settings)
+        self._spec = self._topics.reply_spec(owner)
+        self._dead_letters = dead_letters
+        self._clock = clock
+        self._streams: dict[str, ReplyStream] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def topic(self) -> str:
+        """The reply topic: what requests carry as ``reply_to``."""
+        return self._spec.name
+
+    def register(self, request_id: str) -> ReplyStream:
+        if not self.running:
+            raise ReplyRouterClosed("the reply router is not running")
+        if request_id in self._streams:
+            raise ValueError(f"request {request_id!r} is already registered")
+        stream = self._streams[request_id] = ReplyStream(request_id)
+        return stream
+
+    def unregister(self, request_id: str) -> None:
+        """Forget a request (idempotent); later records for it are orphans."""
+        self._streams.pop(request_id, None)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._streams)
+
+    async def on_start(self) -> None:
+        s = self._settings
+        await ensure_topics(s.kafka_bootstrap, [self._spec], s.topic_replication)
+        consumer = make_consumer(self._settings, group_id=None)
+        self._consumer = consumer
+        await consumer.start()
+        await consumer.topics()  # loads the metadata: the partitions of our topic
+        partitions = consumer.partitions_for_topic(self.topic) or {0}
+        assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        await consumer.seek_to_end(*assigned)
+        for tp in assigned:
+            # Resolve the position now: a lazy one would be taken at the first fetch,
+            # after a fast reply to an early request could already have landed.
+            await consumer.position(tp)
+        self._reader = self.spawn(self._read_loop(), "read")
+
+    async def on_stop(self) -> None:
+        if self._reader is not None:
+            await cancel_tasks({self._reader})
+        self._close_all("the reply router stopped")
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    def _close_all(self, why: str) -> None:
+        error = ReplyRouterClosed(why)
+        for stream in self._streams.values():
+            stream.close(error)
+        self._streams.clear()
+
+    async def _read_loop(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        try:
+            while True:
+                batches = await consumer.getmany(timeout_ms=500)
+                for records in batches.values():
+                    for record in records:
+                        await self._route(record)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._close_all("the reply router's consumer failed")
+            raise
+
+    async def _route(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        try:
+            item = decode(REPLY, record.value)
+        except DecodeError as e:
+            RECORDS.labels("undecodable").inc()
+            if self._dead_letters is None:
+                log.warning(
+                    "undecodable reply record skipped",
+                    extra={"topic": record.topic, "offset": record.offset, "reason": e.reason},
+                )
+                return
+            await send_dead_letter(
+                self._dead_letters,
+                self._topics,
+                source_topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                key=record.key,
+                raw=record.value,
+                error=e,
+                service=f"reply-router:{self._settings.instance_id}",
+                clock=self._clock,
+            )
+            return
+        stream = self._streams.get(item.request_id)
+        if stream is None:
+            RECORDS.labels("orphan").inc()
+        elif stream.deliver(item):
+            RECORDS.labels("delivered").inc()
+        else:
+            RECORDS.labels("duplicate").inc()

@@ -1,0 +1,248 @@
+"""``seawall keys``: create, list, revoke and rotate API keys.
+
+Mounted by ``seawall/cli.py`` (``app.add_typer(keys_app, name="keys")``). Reads the
+same settings as ingress (``SEAWALL_REDIS_URL``, ``SEAWALL_REDIS_PREFIX``,
+``SEAWALL_KEY_PEPPER``, ``SEAWALL_KAFKA_BOOTSTRAP``, ``SEAWALL_TOPIC_PREFIX``): the
+pepper must be ingress's, or its keys will not verify. Every change is audited on
+``llm.audit``, so the broker must answer too (nothing is changed when it does not).
+
+A new key is printed once — on standard output, alone on its line, or with ``--json``
+as a JSON object — and never again: only its hash is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import sys
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
+
+import redis.asyncio as aioredis
+import typer
+from aiokafka.errors import KafkaError
+from pydantic import TypeAdapter, ValidationError
+from redis.exceptions import RedisError
+from rich.console import Console
+from rich.table import Table
+
+from schemas import Tier
+from schemas.base import Ident
+from services.common.bus import ensure_topics, make_producer, topics_of
+from services.common.topics import RedisKeys
+from services.ingress.keys import IssuedKey, KeyRecord, disabled_at, phase
+from services.ingress.keystore import AuditLog, KeyNotFound, KeyStore, TenantPolicy
+from services.ingress.settings import IngressSettings, safe_name
+
+T = TypeVar("T")
+
+keys_app = typer.Typer(
+    no_args_is_help=True,
+    help="Manage API keys: stored hashed in Redis, every change audited on llm.audit.",
+)
+
+
+class Sensitive(StrEnum):
+    """A tenant's policy for sensitive data in prompts."""
+
+    BLOCK = "block"
+    REDACT = "redact"
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def _actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name in this environment
+        user = "unknown"
+    return f"cli:{safe_name(user)}"
+
+
+@asynccontextmanager
+async def _keystore(settings: IngressSettings) -> AsyncIterator[KeyStore]:
+    topics = topics_of(settings)
+    audit_spec = next(spec for spec in topics.specs() if spec.name == topics.audit)
+    await ensure_topics(settings.kafka_bootstrap, [audit_spec], settings.topic_replication)
+    producer = make_producer(settings)
+    await producer.start()
+    redis = aioredis.Redis.from_url(settings.redis_url)
+    try:
+        yield KeyStore(
+            redis,
+            RedisKeys(settings.redis_prefix),
+            settings.pepper,
+            AuditLog(producer, topics.audit, _actor()),
+            default_sensitive=settings.default_sensitive_policy,
+        )
+    finally:
+        await producer.stop()
+        await redis.aclose()
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one command; unreachable servers and refusals end it with a message."""
+    try:
+        return asyncio.run(coro)
+    except (KafkaError, RedisError, OSError) as e:
+        typer.echo(f"error: a server did not answer ({type(e).__name__}: {e})", err=True)
+        raise typer.Exit(1) from None
+    except KeyNotFound as e:
+        typer.echo(f"error: no key {e.args[0]!r}", err=True)
+        raise typer.Exit(1) from None
+    except PermissionError as e:
+        typer.echo(f"error: the key may not do that ({e.args[0]})", err=True)
+        raise typer.Exit(1) from None
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _settings() -> IngressSettings:
+    settings = IngressSettings()
+    if settings.dev_pepper:
+        typer.echo("warning: SEAWALL_KEY_PEPPER is not set: using the development pepper", err=True)
+    return settings
+
+
+def _issued(issued: IssuedKey, policy: TenantPolicy) -> dict[str, Any]:
+    record = issued.record
+    return {
+        "key": issued.key,
+        "key_id": record.key_id,
+        "tenant": record.tenant,
+        "tier": policy.tier.value,
+        "sensitive": policy.sensitive,
+        "created_at": record.created_at,
+        "disabled_at": disabled_at(record),
+    }
+
+
+def _print_new_key(doc: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    typer.echo(
+        f"key {doc['key_id']} for tenant {doc['tenant']} (tier {doc['tier']}, "
+        f"sensitive data: {doc['sensitive']}); store it now, it is shown only this once:",
+        err=True,
+    )
+    typer.echo(doc["key"])
+
+
+@keys_app.command("create")
+def create(
+    tenant: Annotated[str, typer.Option(help="The tenant the key belongs to.")],
+    tier: Annotated[
+        Tier | None, typer.Option(help="The tenant's tier (required for a new tenant).")
+    ] = None,
+    sensitive: Annotated[
+        Sensitive | None,
+        typer.Option(help="The tenant's policy for sensitive data in prompts."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")] = False,
+) -> None:
+    """Create a key; print it once."""
+    try:
+        TypeAdapter(Ident).validate_python(tenant)
+    except ValidationError:
+        raise typer.BadParameter("letters, digits and ._:@/- only", param_hint="--tenant") from None
+    settings = _settings()
+
+    async def go() -> tuple[IssuedKey, TenantPolicy]:
+        async with _keystore(settings) as store:
+            return await store.create(
+                tenant, tier=tier, sensitive=sensitive.value if sensitive else None
+            )
+
+    issued, policy = _run(go())
+    _print_new_key(_issued(issued, policy), as_json)
+
+
+@keys_app.command("list")
+def list_keys(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")] = False,
+) -> None:
+    """List keys (never the keys themselves) with their lifecycle phase."""
+    settings = _settings()
+
+    async def go() -> list[tuple[KeyRecord, TenantPolicy | None]]:
+        async with _keystore(settings) as store:
+            return [(k.record, k.policy) for k in await store.list_keys(tenant)]
+
+    now = datetime.now(UTC).timestamp()
+    listing = _run(go())
+    if as_json:
+        rows = [
+            {
+                "key_id": record.key_id,
+                "tenant": record.tenant,
+                "tier": policy.tier.value if policy else None,
+                "phase": phase(record, now),
+                "created_at": record.created_at,
+                "rotated_at": record.rotated_at,
+                "revoked_at": record.revoked_at,
+                "disabled_at": disabled_at(record),
+            }
+            for record, policy in listing
+        ]
+        typer.echo(json.dumps(rows))
+        return
+    table = Table("key id", "tenant", "tier", "phase", "created", "disabled at")
+    for record, policy in listing:
+        table.add_row(
+            record.key_id,
+            record.tenant,
+            policy.tier.value if policy else "-",
+            phase(record, now),
+            _when(record.created_at),
+            _when(disabled_at(record)),
+        )
+    Console(file=sys.stdout).print(table)
+
+
+@keys_app.command("revoke")
+def revoke(key_id: Annotated[str, typer.Argument(help="The key id (not the key).")]) -> None:
+    """Disable a key now."""
+    settings = _settings()
+
+    async def go() -> KeyRecord:
+        async with _keystore(settings) as store:
+            return await store.revoke(key_id)
+
+    record = _run(go())
+    typer.echo(f"revoked key {record.key_id} of tenant {record.tenant}")
+
+
+@keys_app.command("rotate")
+def rotate(
+    key_id: Annotated[str, typer.Argument(help="The key id (not the key) to replace.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")] = False,
+) -> None:
+    """Replace an active key: print the new key once; the old one enters its grace
+    period (it still works, with a deprecation warning, until it is disabled)."""
+    settings = _settings()
+
+    async def go() -> tuple[KeyRecord, IssuedKey, TenantPolicy | None]:
+        async with _keystore(settings) as store:
+            old, issued = await store.rotate(key_id)
+            return old, issued, await store.policy(old.tenant)
+
+    old, issued, policy = _run(go())
+    assert policy is not None, "a tenant with keys has a policy"
+    doc = _issued(issued, policy) | {
+        "replaces": old.key_id,
+        "replaced_disabled_at": disabled_at(old),
+    }
+    if not as_json:
+        typer.echo(f"key {old.key_id} stops working at {_when(disabled_at(old))}", err=True)
+    _print_new_key(doc, as_json)

@@ -1,0 +1,279 @@
+"""API key records and tenant policies in Redis; every change audited on ``llm.audit``.
+
+The lifecycle rules are ``keys.py``'s; this module only keeps their state. Layout
+(``<p>`` is ``SEAWALL_REDIS_PREFIX``):
+
+| key                          | type | holds                                                   |
+|------------------------------|------|---------------------------------------------------------|
+| ``<p>key:<key id>``          | hash | ``tenant``, ``key_hash`` (HMAC, never the key),         |
+|                              |      | ``created_at``, ``rotated_at``, ``revoked_at`` (epoch s) |
+| ``<p>tenant:{<t>}:keys``     | set  | the tenant's key ids                                    |
+| ``<p>tenant:{<t>}:policy``   | hash | ``tier``, ``sensitive`` (``block`` or ``redact``)       |
+| ``<p>tenants``               | set  | every tenant with a key                                 |
+
+A key record expires (``PEXPIREAT``) when its lifecycle reaches ``purged``, so Redis
+deletes it; the ids left behind in the tenant's set are dropped on the next listing.
+
+The tier belongs to the tenant, not to a key (quotas are per tenant: two keys of one
+tenant at different tiers would share one bucket under two rule sets), so a key's tier
+is its tenant's tier at the time of the request.
+
+Writes run in an order that is safe without a transaction (the records live in
+different Redis Cluster slots): sets and policy first, the key record last, so a failure
+half-way leaves at worst a listed id without a record (shown as gone), never a working
+key that no listing shows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any, Literal, cast
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+from redis.typing import EncodableT, FieldT
+
+from schemas import AuditEvent, Tier
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.serde import encode
+from services.common.topics import RedisKeys
+from services.ingress.filters.sensitive import SensitivePolicy
+from services.ingress.keys import (
+    DEFAULT_POLICY,
+    IssuedKey,
+    KeyRecord,
+    LifecyclePolicy,
+    disabled_at,
+    generate_key,
+    rotate,
+)
+
+log = logging.getLogger(__name__)
+
+AuditAction = Literal[
+    "key_created", "key_rotated", "key_revoked", "key_denied", "policy_changed", "request_blocked"
+]
+_DATES = ("created_at", "rotated_at", "revoked_at")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    tier: Tier
+    sensitive: SensitivePolicy
+
+
+@dataclass(frozen=True, slots=True)
+class KeyListing:
+    record: KeyRecord
+    policy: TenantPolicy | None
+
+
+class KeyNotFound(LookupError):
+    """No record for this key id (never existed, or purged)."""
+
+
+class AuditLog:
+    """Produces ``AuditEvent``s keyed by tenant, waiting for the broker's ack."""
+
+    def __init__(
+        self, producer: AIOKafkaProducer, topic: str, actor: str, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._actor = actor
+        self._clock = clock
+
+    async def record(
+        self,
+        tenant: str,
+        action: AuditAction,
+        *,
+        key_id: str | None = None,
+        outcome: Literal["ok", "denied"] = "ok",
+        detail: dict[str, str] | None = None,
+    ) -> None:
+        event = AuditEvent(
+            tenant=tenant,
+            actor=self._actor,
+            action=action,
+            outcome=outcome,
+            key_id=key_id,
+            detail=detail or {},
+            at=self._clock.time(),
+        )
+        await self._producer.send_and_wait(self._topic, encode(event), key=tenant.encode())
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class KeyStore:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        redis_keys: RedisKeys,
+        pepper: bytes,
+        audit: AuditLog,
+        *,
+        default_sensitive: SensitivePolicy = "redact",
+        lifecycle: LifecyclePolicy = DEFAULT_POLICY,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._redis = redis
+        self._keys = redis_keys
+        self._pepper = pepper
+        self._audit = audit
+        self._default_sensitive: SensitivePolicy = default_sensitive
+        self.lifecycle = lifecycle
+        self._clock = clock
+
+    # -- layout ------------------------------------------------------------------
+    def _policy_key(self, tenant: str) -> str:
+        return f"{self._keys.prefix}tenant:{{{tenant}}}:policy"
+
+    @property
+    def _tenants_key(self) -> str:
+        return f"{self._keys.prefix}tenants"
+
+    # -- reads -------------------------------------------------------------------
+    async def get(self, key_id: str) -> KeyRecord | None:
+        """The key's record; ``None`` if there is none, or none that can be read (a
+        damaged record is logged and treated as absent: the key does not work, and
+        no request can crash ingress with it)."""
+        fields = await self._hash(self._keys.api_key(key_id))
+        if not fields:
+            return None
+        try:
+            dates = {name: float(fields[name]) if name in fields else None for name in _DATES}
+            return KeyRecord(
+                key_id=key_id,
+                tenant=fields["tenant"],
+                key_hash=fields["key_hash"],
+                created_at=float(fields["created_at"]),
+                rotated_at=dates["rotated_at"],
+                revoked_at=dates["revoked_at"],
+            )
+        except (KeyError, ValueError, TypeError):
+            log.error("damaged key record", extra={"key_id": key_id})
+            return None
+
+    async def policy(self, tenant: str) -> TenantPolicy | None:
+        """The tenant's policy; ``None`` if there is none or it is damaged (logged)."""
+        fields = await self._hash(self._policy_key(tenant))
+        if not fields:
+            return None
+        sensitive = fields.get("sensitive", self._default_sensitive)
+        tier = fields.get("tier")
+        if sensitive not in ("block", "redact") or tier not in set(Tier):
+            log.error("damaged tenant policy", extra={"tenant": tenant})
+            return None
+        return TenantPolicy(Tier(tier), cast(SensitivePolicy, sensitive))
+
+    async def _hash(self, key: str) -> dict[str, str]:
+        raw = await cast(Any, self._redis.hgetall(key))
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+    async def tenants(self) -> list[str]:
+        members = await cast(Any, self._redis.smembers(self._tenants_key))
+        return sorted(_text(m) for m in members)
+
+    async def list_keys(self, tenant: str | None = None) -> list[KeyListing]:
+        """Every key of ``tenant`` (of every tenant when ``None``), oldest first."""
+        listings: list[KeyListing] = []
+        for t in [tenant] if tenant is not None else await self.tenants():
+            policy = await self.policy(t)
+            ids = await cast(Any, self._redis.smembers(self._keys.tenant_keys(t)))
+            for key_id in sorted(_text(i) for i in ids):
+                record = await self.get(key_id)
+                if record is None:  # purged by its expiry
+                    await cast(Any, self._redis.srem(self._keys.tenant_keys(t), key_id))
+                    continue
+                listings.append(KeyListing(record, policy))
+        return sorted(listings, key=lambda item: (item.record.created_at, item.record.key_id))
+
+    # -- writes ------------------------------------------------------------------
+    async def set_policy(
+        self, tenant: str, *, tier: Tier | None = None, sensitive: SensitivePolicy | None = None
+    ) -> TenantPolicy:
+        """Create or change a tenant's policy; a new tenant needs a ``tier``."""
+        current = await self.policy(tenant)
+        if current is None:
+            if tier is None:
+                raise ValueError(f"tenant {tenant!r} is new: give it a tier")
+            new = TenantPolicy(tier, sensitive or self._default_sensitive)
+        else:
+            new = TenantPolicy(tier or current.tier, sensitive or current.sensitive)
+        if new == current:
+            return new
+        await cast(Any, self._redis.sadd(self._tenants_key, tenant))
+        await cast(
+            Any,
+            self._redis.hset(
+                self._policy_key(tenant),
+                mapping={"tier": new.tier.value, "sensitive": new.sensitive},
+            ),
+        )
+        detail = {"tier": new.tier.value, "sensitive": new.sensitive}
+        if current is not None:
+            detail |= {"previous_tier": current.tier.value, "previous_sensitive": current.sensitive}
+        await self._audit.record(tenant, "policy_changed", detail=detail)
+        return new
+
+    async def create(
+        self, tenant: str, *, tier: Tier | None = None, sensitive: SensitivePolicy | None = None
+    ) -> tuple[IssuedKey, TenantPolicy]:
+        """A new key for ``tenant`` (setting its policy first if given or new)."""
+        policy = await self.set_policy(tenant, tier=tier, sensitive=sensitive)
+        issued = generate_key(tenant, self._clock.time(), self._pepper)
+        await self._store(issued.record)
+        await self._audit.record(
+            tenant, "key_created", key_id=issued.record.key_id, detail={"tier": policy.tier.value}
+        )
+        return issued, policy
+
+    async def revoke(self, key_id: str) -> KeyRecord:
+        """Disable a key now (an operator's act: allowed in any phase). Revoking a
+        revoked key changes nothing and audits nothing."""
+        record = await self._require(key_id)
+        if record.revoked_at is not None:
+            return record
+        revoked = replace(record, revoked_at=self._clock.time())
+        await self._store(revoked)
+        await self._audit.record(record.tenant, "key_revoked", key_id=key_id)
+        return revoked
+
+    async def rotate(self, key_id: str) -> tuple[KeyRecord, IssuedKey]:
+        """Replace an active key: the new key is returned once, the old one enters its
+        grace period now. ``PermissionError`` (with ``keys.py``'s reason) otherwise."""
+        record = await self._require(key_id)
+        old, issued = rotate(record, self._clock.time(), self._pepper, self.lifecycle)
+        await self._store(issued.record)
+        await self._store(old)
+        await self._audit.record(
+            record.tenant,
+            "key_rotated",
+            key_id=key_id,
+            detail={"new_key_id": issued.record.key_id},
+        )
+        return old, issued
+
+    async def _require(self, key_id: str) -> KeyRecord:
+        record = await self.get(key_id)
+        if record is None:
+            raise KeyNotFound(key_id)
+        return record
+
+    async def _store(self, record: KeyRecord) -> None:
+        await cast(Any, self._redis.sadd(self._keys.tenant_keys(record.tenant), record.key_id))
+        key = self._keys.api_key(record.key_id)
+        fields: dict[FieldT, EncodableT] = {"tenant": record.tenant, "key_hash": record.key_hash}
+        fields |= {
+            name: repr(value) for name in _DATES if (value := getattr(record, name)) is not None
+        }
+        purge_at_ms = int((disabled_at(record, self.lifecycle) + self.lifecycle.retired_s) * 1000)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=fields)
+            pipe.pexpireat(key, purge_at_ms)
+            await pipe.execute()

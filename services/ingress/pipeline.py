@@ -1,0 +1,334 @@
+"""The one path from a raw request to the priority topic, shared by HTTP and Kafka.
+
+Each transport turns its input into an ``InferenceRequest`` its own way (OpenAI JSON;
+a record on ``llm.ingress``) and then goes through the ``Gate``, in this order (cheap
+checks first, nothing parsed before its size is known):
+
+1. ``check_size``: the raw bytes against the limit (HTTP before parsing);
+2. ``check_user_agent``: the blacklist;
+3. ``authenticate`` (HTTP: the full key, verified in constant time) or ``identify``
+   (Kafka: the key id only; who may write ``llm.ingress`` at all is Kafka's ACLs'
+   business): the key must exist and be in a phase that allows inference;
+4. ``prepare``: the tenant, tier and priority from the key's tenant (whatever the
+   request claimed), the model's pool, the deadline, the client's region, the
+   ``max_tokens`` cap, the tenant's sensitive-data policy (block or redact) and the
+   prompt-length metrics;
+5. ``publish``: onto ``llm.requests.<priority>``, keyed by session id (else tenant).
+
+A refusal is a ``Refusal``: a ``ReasonCode`` for the wire, a stable ``code`` and a
+message that never echoes the input. HTTP turns it into an OpenAI error, Kafka into a
+terminal ``rejected`` reply. Infrastructure failures (Redis, Kafka) are exceptions, not
+refusals: the request was not judged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from email.utils import formatdate
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+from pydantic import ValidationError
+
+from schemas import ChatMessage, InferenceRequest, ReasonCode
+from schemas.requests import TIER_PRIORITY
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.serde import describe, encode
+from services.common.tokenizer import count_tokens
+from services.common.topics import RedisKeys, Topics
+from services.ingress import metrics as m
+from services.ingress.filters.body import check_body
+from services.ingress.filters.geo import RegionTable, parse_ip
+from services.ingress.filters.sensitive import Finding, screen, summary
+from services.ingress.filters.useragent import UserAgentBlacklist
+from services.ingress.keys import Action, KeyDecision, KeyRecord, check, key_id_of, verify
+from services.ingress.keystore import AuditLog, KeyStore, TenantPolicy
+from services.ingress.settings import IngressSettings
+
+log = logging.getLogger(__name__)
+
+ABORT_MARKER_MARGIN_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: ReasonCode
+    code: str
+    """Stable and specific: ``body_too_large``, ``invalid_api_key``, ``key_revoked``, ..."""
+    message: str
+    """For the client; never carries the inspected input."""
+    param: str | None = None
+    """The offending request field, where there is one."""
+
+
+def invalid(code: str, message: str, param: str | None = None) -> Refusal:
+    return Refusal(ReasonCode.INVALID_REQUEST, code, message, param)
+
+
+def body_too_large(limit: int) -> Refusal:
+    return invalid("body_too_large", f"The request is larger than {limit} bytes.")
+
+
+def param_of(error: ValidationError) -> str | None:
+    """The first offending field as a dotted path (``messages.0.content``)."""
+    errors = error.errors(include_url=False, include_input=False)
+    if not errors or not errors[0]["loc"]:
+        return None
+    return ".".join(str(p) for p in errors[0]["loc"])
+
+
+_KEY_MESSAGES = {
+    "missing_api_key": "You didn't provide an API key: send 'Authorization: Bearer <key>'.",
+    "missing_api_key_id": "The request has no api_key_id.",
+    "invalid_api_key": "Incorrect API key provided.",
+    "key_retired": "This API key has been retired: use a current key.",
+    "key_purged": "Incorrect API key provided.",
+    "key_revoked": "This API key has been revoked.",
+    "key_read_only": "This API key is in its grace period: it may only read.",
+}
+
+
+def _unauthenticated(code: str) -> Refusal:
+    return Refusal(ReasonCode.UNAUTHENTICATED, code, _KEY_MESSAGES[code])
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request is from, as the key store says (never as the request says)."""
+
+    tenant: str
+    key_id: str
+    policy: TenantPolicy
+    key: KeyDecision
+    deprecated_at: float | None = None
+    """When the key's grace period began; ``None`` for an active key."""
+
+    @property
+    def deprecation_headers(self) -> dict[str, str]:
+        """``Deprecation`` (RFC 9745) and ``Sunset`` (RFC 8594) for a key in its grace
+        period; nothing for an active key."""
+        if self.deprecated_at is None:
+            return {}
+        return {
+            "Deprecation": f"@{int(self.deprecated_at)}",
+            "Sunset": formatdate(self.key.disabled_at, usegmt=True),
+        }
+
+
+class Gate:
+    def __init__(
+        self,
+        settings: IngressSettings,
+        keystore: KeyStore,
+        audit: AuditLog,
+        producer: AIOKafkaProducer,
+        topics: Topics,
+        redis: aioredis.Redis,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.settings = settings
+        self._redis = redis
+        self._redis_keys = RedisKeys(settings.redis_prefix)
+        self._keystore = keystore
+        self._audit = audit
+        self._producer = producer
+        self._topics = topics
+        self._clock = clock
+        self._user_agents = UserAgentBlacklist.from_config(
+            settings.user_agent_blacklist,
+            settings.user_agent_patterns,
+            block_missing=settings.block_missing_user_agent,
+        )
+        self._regions = RegionTable(settings.region_table)
+        self._long_share = m.LongPromptShare(clock=clock)
+
+    # -- cheap filters -----------------------------------------------------------
+    @staticmethod
+    def check_size(body: bytes | bytearray, limit: int) -> Refusal | None:
+        return None if check_body(body, limit).allowed else body_too_large(limit)
+
+    def check_user_agent(self, user_agent: str | None) -> Refusal | None:
+        verdict = self._user_agents.check(user_agent)
+        if verdict.allowed:
+            return None
+        code = verdict.reason or "user_agent_blocked"
+        return Refusal(ReasonCode.FORBIDDEN, code, "Requests from this client are not accepted.")
+
+    def region(self, client_ip: str) -> str:
+        return self._regions.lookup(parse_ip(client_ip) if client_ip else None) or ""
+
+    # -- keys --------------------------------------------------------------------
+    async def authenticate(
+        self, presented: str | None, action: Action = "inference"
+    ) -> Principal | Refusal:
+        """The full key of an HTTP request. Its existence and phase are only revealed
+        to whoever holds the right secret."""
+        if not presented:
+            return _unauthenticated("missing_api_key")
+        key_id = key_id_of(presented)
+        record = await self._keystore.get(key_id) if key_id is not None else None
+        if record is None:
+            return _unauthenticated("invalid_api_key")
+        if not verify(presented, record, self.settings.pepper):
+            await self._audit.record(
+                record.tenant,
+                "key_denied",
+                key_id=record.key_id,
+                outcome="denied",
+                detail={"reason": "bad_secret"},
+            )
+            return _unauthenticated("invalid_api_key")
+        return await self._principal(record, action)
+
+    async def identify(self, key_id: str | None) -> Principal | Refusal:
+        """The key id of a record on the ingress topic."""
+        if not key_id:
+            return _unauthenticated("missing_api_key_id")
+        record = await self._keystore.get(key_id)
+        if record is None:
+            return _unauthenticated("invalid_api_key")
+        return await self._principal(record, "inference")
+
+    async def _principal(self, record: KeyRecord, action: Action) -> Principal | Refusal:
+        decision = check(record, action, self._clock.time(), self._keystore.lifecycle)
+        if not decision.allowed:
+            await self._audit.record(
+                record.tenant,
+                "key_denied",
+                key_id=record.key_id,
+                outcome="denied",
+                detail={"reason": decision.reason, "action": action},
+            )
+            if decision.reason == "key_read_only":
+                return Refusal(
+                    ReasonCode.FORBIDDEN, decision.reason, _KEY_MESSAGES[decision.reason]
+                )
+            return _unauthenticated(decision.reason)
+        policy = await self._keystore.policy(record.tenant)
+        if policy is None:
+            return Refusal(
+                ReasonCode.FORBIDDEN, "tenant_unknown", "The key's tenant has no policy."
+            )
+        grace_began = decision.disabled_at - self._keystore.lifecycle.grace_s
+        return Principal(
+            record.tenant,
+            record.key_id,
+            policy,
+            decision,
+            grace_began if decision.reason == "key_in_grace" else None,
+        )
+
+    # -- the request -------------------------------------------------------------
+    async def prepare(
+        self, request: InferenceRequest, principal: Principal
+    ) -> InferenceRequest | Refusal:
+        """The request as it goes onto the priority topic, or why it may not."""
+        s = self.settings
+        pool = s.models.get(request.model)
+        if pool is None:
+            return invalid(
+                "model_not_found", f"The model '{request.model}' does not exist.", "model"
+            )
+        if request.sampling.max_tokens > s.max_output_tokens:
+            return invalid(
+                "max_tokens_too_large",
+                f"max_tokens is at most {s.max_output_tokens}.",
+                "max_tokens",
+            )
+        texts = _texts(request)
+        tokens = sum(count_tokens(t) for t in texts)
+        m.PROMPT_TOKENS.observe(tokens)
+        m.LONG_PROMPT_SHARE.set(self._long_share.observe(tokens))
+
+        policy = principal.policy.sensitive
+        screenings = [screen(t, policy) for t in texts]
+        findings = [f for sc in screenings for f in sc.findings]
+        if findings:
+            refusal = await self._sensitive(principal, request.request_id, findings)
+            if refusal is not None:
+                return refusal
+        now = self._clock.time()
+        deadline = now + s.default_deadline_s
+        if request.deadline_at is not None:
+            deadline = min(deadline, request.deadline_at)
+        data: dict[str, Any] = request.model_dump()
+        data.update(
+            tenant=principal.tenant,
+            api_key_id=principal.key_id,
+            tier=principal.policy.tier,
+            priority=TIER_PRIORITY[principal.policy.tier],
+            pool=pool,
+            deadline_at=deadline,
+            client={**data["client"], "region": self.region(request.client.client_ip)},
+        )
+        redacted = [sc.text for sc in screenings]
+        if request.prompt is not None:
+            data["prompt"] = redacted[0]
+        else:
+            data["messages"] = [
+                {**msg, "content": text}
+                for msg, text in zip(data["messages"], redacted, strict=True)
+            ]
+        try:
+            return InferenceRequest.model_validate(data)
+        except ValidationError as e:
+            return invalid("schema_violation", describe(e), param_of(e))
+
+    async def _sensitive(
+        self, principal: Principal, request_id: str, findings: list[Finding]
+    ) -> Refusal | None:
+        """Count (per kind, never the values), audit a block; the refusal if blocked."""
+        action = principal.policy.sensitive
+        counts = summary(findings)
+        for kind, n in counts.items():
+            m.SENSITIVE_FINDINGS.labels(kind, action).inc(n)
+        shown = ", ".join(f"{kind}: {n}" for kind, n in sorted(counts.items()))
+        log.info(
+            "sensitive data in a prompt",
+            extra={"tenant": principal.tenant, "request_id": request_id, "action": action}
+            | {f"found_{kind}": n for kind, n in counts.items()},
+        )
+        if action == "redact":
+            return None
+        await self._audit.record(
+            principal.tenant,
+            "request_blocked",
+            key_id=principal.key_id,
+            outcome="denied",
+            detail={"request_id": request_id} | {kind: str(n) for kind, n in counts.items()},
+        )
+        return Refusal(
+            ReasonCode.SENSITIVE_DATA,
+            "sensitive_data",
+            f"The prompt contains sensitive data ({shown}); this tenant's policy refuses it.",
+        )
+
+    async def publish(self, request: InferenceRequest) -> asyncio.Future[Any]:
+        """Queue the request on its priority topic; await the result for the broker's
+        ack. Queued in call order, so one caller's requests keep their order."""
+        fut: asyncio.Future[Any] = await self._producer.send(
+            self._topics.requests(request.priority),
+            encode(request),
+            key=request.partition_key.encode(),
+        )
+        return fut
+
+    async def abort(self, request: InferenceRequest, cause: str) -> None:
+        """Mark a published request as unwanted: admission answers it ``cancelled``
+        instead of dispatching it. The marker outlives the request's deadline (after
+        which admission expires it anyway) by ``ABORT_MARKER_MARGIN_S``."""
+        deadline = request.deadline_at if request.deadline_at is not None else self._clock.time()
+        ttl = max(1, math.ceil(deadline - self._clock.time())) + ABORT_MARKER_MARGIN_S
+        await cast(Any, self._redis.set(self._redis_keys.abort(request.request_id), cause, ex=ttl))
+        m.ABORTS.labels(cause).inc()
+
+
+def _texts(request: InferenceRequest) -> list[str]:
+    if request.prompt is not None:
+        return [request.prompt]
+    messages: tuple[ChatMessage, ...] = request.messages or ()
+    return [msg.content for msg in messages]

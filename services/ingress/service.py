@@ -1,0 +1,150 @@
+"""The ingress service: the HTTP front (uvicorn, run in-process), the Kafka ingress and
+the reply router, sharing one producer, one Redis client and one gate.
+
+Start: topics, producer, reply router (its topic ``llm.reply.ingress-<instance id>`` is
+created then: give each instance a stable ``SEAWALL_INSTANCE_ID`` in production, or each
+restart leaves a topic behind), Kafka ingress, then the HTTP listener, last, so that
+nothing is accepted before it can be answered.
+
+Stop (SIGTERM): the listener first — uvicorn stops accepting and lets in-flight
+requests finish within the grace period while the router still delivers their
+replies — then the Kafka ingress (finishes and commits its batch), the router, the
+producer, Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import redis.asyncio as aioredis
+import uvicorn
+
+from services.common.bus import ensure_topics, make_producer, topics_of
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.lifecycle import Component
+from services.common.replies import ReplyRouter
+from services.common.topics import RedisKeys
+from services.ingress.http import create_app
+from services.ingress.kafka_ingress import KafkaIngress
+from services.ingress.keystore import AuditLog, KeyStore
+from services.ingress.pipeline import Gate
+from services.ingress.settings import IngressSettings, safe_name
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: ``run_until_signalled`` owns the
+    signals, and stops the server through ``IngressService.stop``."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class IngressService(Component):
+    name = "ingress"
+
+    def __init__(self, settings: IngressSettings, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__()
+        self.settings = settings
+        self.topics = topics_of(settings)
+        instance = safe_name(settings.instance_id)
+        self._producer = make_producer(settings)
+        self._redis = aioredis.Redis.from_url(settings.redis_url)
+        self.router = ReplyRouter(
+            settings, f"ingress-{instance}", dead_letters=self._producer, clock=clock
+        )
+        audit = AuditLog(self._producer, self.topics.audit, f"ingress:{instance}", clock)
+        self.keystore = KeyStore(
+            self._redis,
+            RedisKeys(settings.redis_prefix),
+            settings.pepper,
+            audit,
+            default_sensitive=settings.default_sensitive_policy,
+            clock=clock,
+        )
+        self.gate = Gate(
+            settings, self.keystore, audit, self._producer, self.topics, self._redis, clock
+        )
+        self.kafka = KafkaIngress(settings, self.gate, self._producer, self.topics, clock)
+        self.app = create_app(self.gate, self.router, self._ready, clock)
+        self._server: _Server | None = None
+        self._http: asyncio.Task[Any] | None = None
+        self._socket: socket.socket | None = None
+
+    def _ready(self) -> bool:
+        return (
+            self.running
+            and self.router.running
+            and (self.kafka.running or not self.settings.kafka_ingress)
+        )
+
+    @property
+    def port(self) -> int:
+        """The port HTTP listens on (the one picked when configured as 0)."""
+        if self._socket is None:
+            raise RuntimeError("the service is not started")
+        port: int = self._socket.getsockname()[1]
+        return port
+
+    async def on_start(self) -> None:
+        s = self.settings
+        if s.dev_pepper:
+            log.warning("SEAWALL_KEY_PEPPER is not set: using the development pepper")
+        await ensure_topics(s.kafka_bootstrap, self.topics.specs(), s.topic_replication)
+        await self._producer.start()
+        await self.router.start()
+        self.spawn(self._watch(self.router), "watch:router")
+        if s.kafka_ingress:
+            await self.kafka.start()
+            self.spawn(self._watch(self.kafka), "watch:kafka")
+        self._socket = socket.create_server((s.ingress_host, s.ingress_port))
+        config = uvicorn.Config(
+            self.app,
+            host=s.ingress_host,
+            port=self.port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=math.ceil(s.shutdown_grace_s),
+        )
+        server = self._server = _Server(config)
+        http = self._http = self.spawn(server.serve(sockets=[self._socket]), "http")
+        while not server.started:
+            if http.done():
+                raise RuntimeError("the HTTP server did not start") from http.exception()
+            await asyncio.sleep(0.01)
+        log.info(
+            "ingress serving",
+            extra={
+                "http": f"{s.ingress_host}:{self.port}",
+                "reply_topic": self.router.topic,
+                "kafka_ingress": s.kafka_ingress,
+            },
+        )
+
+    @staticmethod
+    async def _watch(part: Component) -> None:
+        """Fail with a part: the process exits and its supervisor restarts it."""
+        await part.failed.wait()
+        raise RuntimeError(f"{part.name} failed") from part.failure
+
+    async def on_stop(self) -> None:
+        try:
+            if self._server is not None and self._http is not None:
+                self._server.should_exit = True
+                await asyncio.wait({self._http}, timeout=self.settings.shutdown_grace_s + 5)
+            await self.kafka.stop()
+            await self.router.stop()
+        finally:
+            await self._producer.stop()
+            await self._redis.aclose()
+            if self._socket is not None:
+                self._socket.close()

@@ -1,0 +1,116 @@
+"""Ingress settings (``SEAWALL_`` environment variables).
+
+Lists take commas (``SEAWALL_USER_AGENT_BLACKLIST=sqlmap,nikto``); mappings take JSON
+(``SEAWALL_REGION_TABLE='{"10.0.0.0/8": "cn-east"}'``,
+``SEAWALL_MODELS='{"llama-3-8b": "main", "llama-3-1b": "small"}'``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, TypeAdapter, field_validator
+from pydantic_settings import NoDecode
+
+from schemas.base import Ident
+from services.common.settings import CommonSettings
+from services.ingress.filters.body import DEFAULT_MAX_BODY_BYTES
+from services.ingress.filters.geo import RegionTable
+from services.ingress.filters.useragent import DEFAULT_SUBSTRINGS
+
+DEV_PEPPER = "seawall-development-pepper"
+"""The pepper when none is configured: fine on a laptop, never in production (the CLI
+and ingress warn). Ingress and ``seawall keys`` must share one pepper."""
+
+#: The schema's ceiling for ``max_tokens`` (``SamplingParams``).
+MAX_TOKENS_CEILING = 32_768
+
+
+def safe_name(text: str) -> str:
+    """``text`` fit for a topic name and an identifier (instance ids, user names)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:100] or "_"
+
+
+CommaList = Annotated[tuple[str, ...], NoDecode]
+_IDENT: TypeAdapter[str] = TypeAdapter(Ident)
+
+
+class IngressSettings(CommonSettings):
+    ingress_host: str = "127.0.0.1"
+    ingress_port: int = Field(default=8080, ge=0, le=65535)
+    """0 picks a free port (tests)."""
+
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1, le=16 * 1024 * 1024)
+    """HTTP bodies above this are refused (413) before they are parsed."""
+    max_record_bytes: int = Field(default=20 * 1024, ge=1, le=4 * 1024 * 1024)
+    """The same limit for records on the ingress topic: a 16 KiB body plus room for the
+    ``InferenceRequest`` envelope."""
+
+    user_agent_blacklist: CommaList = DEFAULT_SUBSTRINGS
+    """Case-insensitive substrings."""
+    user_agent_patterns: CommaList = ()
+    """Regular expressions (case-insensitive)."""
+    block_missing_user_agent: bool = False
+
+    trusted_proxies: int = Field(default=0, ge=0, le=16)
+    """Proxies in front of ingress that append to ``X-Forwarded-For``; 0 trusts none."""
+    region_table: dict[str, str] = Field(default_factory=dict)
+    """CIDR → region; the longest prefix wins."""
+
+    models: dict[str, str] = Field(default_factory=lambda: {"default": "main"})
+    """The model names clients may ask for (``/v1/models``), each with its pool. A
+    request that names no model gets the first."""
+
+    default_deadline_s: float = Field(default=120.0, gt=0, le=86_400)
+    """Every request's deadline, unless the client asks for less."""
+    reply_margin_s: float = Field(default=2.0, ge=0, le=60)
+    """How long past the deadline HTTP waits for the fleet's own ``expired`` reply
+    before answering 504 itself."""
+    max_output_tokens: int = Field(default=MAX_TOKENS_CEILING, ge=1, le=MAX_TOKENS_CEILING)
+    """``max_tokens`` above this is refused (400), not silently lowered."""
+    retry_after_s: float = Field(default=1.0, ge=0, le=3600)
+    """``Retry-After`` of a 503 whose reply carries no rate-limit figures."""
+
+    key_pepper: SecretStr = SecretStr(DEV_PEPPER)
+    """The server secret keyed into API-key hashes; ingress and the CLI must agree."""
+    default_sensitive_policy: Literal["block", "redact"] = "redact"
+    """A new tenant's policy for sensitive data in prompts."""
+
+    kafka_ingress: bool = True
+    """Consume ``llm.ingress``; off for HTTP-only instances (a group has no use for
+    more members than the topic has partitions)."""
+    kafka_max_batch: int = Field(default=200, ge=1, le=10_000)
+    """Records the Kafka ingress takes per batch; it commits after each batch."""
+    redis_retry_s: float = Field(default=1.0, gt=0, le=60)
+    """The Kafka ingress's pause before retrying a batch when Redis did not answer."""
+
+    @field_validator("user_agent_blacklist", "user_agent_patterns", mode="before")
+    @classmethod
+    def _split(cls, v: object) -> object:
+        return tuple(p.strip() for p in v.split(",") if p.strip()) if isinstance(v, str) else v
+
+    @field_validator("region_table")
+    @classmethod
+    def _valid_cidrs(cls, v: dict[str, str]) -> dict[str, str]:
+        RegionTable(v)  # a bad CIDR fails at start, not per request
+        return v
+
+    @field_validator("models")
+    @classmethod
+    def _valid_models(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            raise ValueError("at least one model is needed")
+        for name, pool in v.items():
+            _IDENT.validate_python(name)
+            _IDENT.validate_python(pool)
+        return v
+
+    @property
+    def pepper(self) -> bytes:
+        return self.key_pepper.get_secret_value().encode()
+
+    @property
+    def dev_pepper(self) -> bool:
+        """Whether the pepper is the development one (no ``SEAWALL_KEY_PEPPER``)."""
+        return self.key_pepper.get_secret_value() == DEV_PEPPER

@@ -1,0 +1,51 @@
+"""Ingress's parts, built but not started: for the paths that never reach Redis or
+Kafka (were one to, its client would fail: nothing listens on port 1)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+
+from services.common.clock import ManualClock
+from services.common.replies import ReplyRouter
+from services.common.topics import RedisKeys, Topics
+from services.ingress.keystore import AuditLog, KeyStore
+from services.ingress.pipeline import Gate
+from services.ingress.settings import IngressSettings
+
+UNREACHABLE = "127.0.0.1:1"
+
+
+@dataclass
+class Parts:
+    settings: IngressSettings
+    gate: Gate
+    router: ReplyRouter
+    clock: ManualClock
+
+
+@pytest.fixture
+async def parts(request: pytest.FixtureRequest) -> AsyncIterator[Parts]:
+    settings = IngressSettings(
+        kafka_bootstrap=UNREACHABLE,
+        redis_url=f"redis://{UNREACHABLE}/0",
+        region_table={"203.0.113.0/24": "eu-west"},
+        models={"default": "main", "tiny": "small"},
+        max_output_tokens=1000,
+        **getattr(request, "param", {}),
+    )
+    clock = ManualClock()
+    topics = Topics()
+    redis = aioredis.Redis.from_url(settings.redis_url)
+    producer = AIOKafkaProducer(bootstrap_servers=UNREACHABLE)
+    audit = AuditLog(producer, topics.audit, "test", clock)
+    store = KeyStore(redis, RedisKeys(), settings.pepper, audit, clock=clock)
+    gate = Gate(settings, store, audit, producer, topics, redis, clock)
+    try:
+        yield Parts(settings, gate, ReplyRouter(settings, "unit"), clock)
+    finally:
+        await redis.aclose()

@@ -1,0 +1,114 @@
+"""The gate's pure parts: what a request becomes on its way to the priority topic."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+from schemas import ChatMessage, ClientMeta, InferenceRequest, Priority, ReasonCode, Tier
+from services.ingress.keys import DAY_S, KeyRecord, check
+from services.ingress.keystore import TenantPolicy
+from services.ingress.pipeline import Principal, Refusal
+from tests.unit.ingress.conftest import Parts
+
+pytestmark = pytest.mark.unit
+
+
+def principal(parts: Parts, tier: Tier = Tier.ENTERPRISE, age_days: float = 0) -> Principal:
+    now = parts.clock.time()
+    record = KeyRecord("0123456789ab", "big-co", "hash", now - age_days * DAY_S)
+    decision = check(record, "inference", now)
+    grace = decision.disabled_at - 7 * DAY_S if decision.reason == "key_in_grace" else None
+    return Principal("big-co", record.key_id, TenantPolicy(tier, "redact"), decision, grace)
+
+
+def request(parts: Parts, **changes: object) -> InferenceRequest:
+    fields: dict[str, object] = {
+        "request_id": "r1",
+        "tenant": "someone-else",
+        "tier": Tier.BASIC,
+        "priority": Priority.BULK,
+        "prompt": "hello",
+        "reply_to": "llm.reply.x",
+        "created_at": parts.clock.time(),
+    }
+    fields.update(changes)
+    return InferenceRequest(**fields)
+
+
+async def test_the_key_decides_tenant_tier_and_priority(parts: Parts) -> None:
+    now = parts.clock.time()
+    before = REGISTRY.get_sample_value("seawall_ingress_prompt_tokens_count") or 0.0
+    got = await parts.gate.prepare(
+        request(parts, model="tiny", client=ClientMeta(client_ip="203.0.113.7")),
+        principal(parts),
+    )
+    assert isinstance(got, InferenceRequest)
+    assert (got.tenant, got.tier, got.priority) == ("big-co", Tier.ENTERPRISE, Priority.VIP)
+    assert got.api_key_id == "0123456789ab"
+    assert got.pool == "small"
+    assert got.deadline_at == now + 120
+    assert got.client.region == "eu-west"
+    assert REGISTRY.get_sample_value("seawall_ingress_prompt_tokens_count") == before + 1
+
+
+async def test_deadlines_only_get_shorter(parts: Parts) -> None:
+    now = parts.clock.time()
+    soon = await parts.gate.prepare(request(parts, deadline_at=now + 5), principal(parts))
+    late = await parts.gate.prepare(request(parts, deadline_at=now + 500), principal(parts))
+    assert isinstance(soon, InferenceRequest)
+    assert isinstance(late, InferenceRequest)
+    assert soon.deadline_at == now + 5
+    assert late.deadline_at == now + 120
+
+
+async def test_sensitive_values_are_redacted_under_redact(parts: Parts) -> None:
+    messages = (
+        ChatMessage(role="system", content="no secrets"),
+        ChatMessage(role="user", content="password: hunter22 please"),
+    )
+    got = await parts.gate.prepare(
+        request(parts, prompt=None, messages=messages), principal(parts, Tier.PRO)
+    )
+    assert isinstance(got, InferenceRequest)
+    assert got.messages is not None
+    assert [m.content for m in got.messages] == [
+        "no secrets",
+        "password: [REDACTED:credential] please",
+    ]
+    assert got.priority is Priority.STANDARD
+
+
+@pytest.mark.parametrize(
+    ("changes", "code", "param"),
+    [
+        ({"model": "gpt-9"}, "model_not_found", "model"),
+        ({"sampling": {"max_tokens": 1001}}, "max_tokens_too_large", "max_tokens"),
+    ],
+)
+async def test_refusals(parts: Parts, changes: dict[str, object], code: str, param: str) -> None:
+    got = await parts.gate.prepare(request(parts, **changes), principal(parts))
+    assert isinstance(got, Refusal)
+    assert (got.reason, got.code, got.param) == (ReasonCode.INVALID_REQUEST, code, param)
+
+
+def test_grace_keys_carry_deprecation_headers(parts: Parts) -> None:
+    assert principal(parts).deprecation_headers == {}
+    headers = principal(parts, age_days=91).deprecation_headers
+    assert set(headers) == {"Deprecation", "Sunset"}
+    assert headers["Deprecation"] == f"@{int(parts.clock.time() - DAY_S)}"
+    assert headers["Sunset"].endswith(" GMT")
+
+
+def test_cheap_filters(parts: Parts) -> None:
+    gate = parts.gate
+    assert gate.check_size(b"x" * 10, 10) is None
+    too_large = gate.check_size(b"x" * 11, 10)
+    assert too_large is not None
+    assert too_large.code == "body_too_large"
+    blocked = gate.check_user_agent("Mozilla/5.0 sqlmap/1.7")
+    assert blocked is not None
+    assert (blocked.reason, blocked.code) == (ReasonCode.FORBIDDEN, "user_agent_blocked")
+    assert gate.check_user_agent("curl/8") is None
+    assert gate.region("203.0.113.200") == "eu-west"
+    assert gate.region("not an ip") == ""

@@ -1,0 +1,33 @@
+"""The rolling long-prompt share."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.clock import ManualClock
+from services.ingress.filters.prompt_length import LONG_PROMPT_TOKENS
+from services.ingress.metrics import LongPromptShare
+
+pytestmark = pytest.mark.unit
+
+
+def test_share_over_the_window() -> None:
+    clock = ManualClock()
+    share = LongPromptShare(window_s=60, clock=clock)
+    assert share.share() == 0.0
+    assert share.observe(LONG_PROMPT_TOKENS + 1) == 1.0
+    assert share.observe(LONG_PROMPT_TOKENS) == 0.5  # 4096 itself is not long
+    clock.advance(30)
+    assert share.observe(10) == pytest.approx(1 / 3)
+    clock.advance(30.5)  # the first one-second slot is still (partly) in the window
+    assert share.share() == pytest.approx(1 / 3)
+    clock.advance(0.5)  # now it has left
+    assert share.observe(LONG_PROMPT_TOKENS * 2) == 0.5
+    clock.advance(120)
+    assert share.share() == 0.0
+
+
+@pytest.mark.parametrize(("window_s", "resolution_s"), [(0, 1), (60, -1)])
+def test_window_and_resolution_must_be_positive(window_s: float, resolution_s: float) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        LongPromptShare(window_s, resolution_s)

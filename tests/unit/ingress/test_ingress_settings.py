@@ -1,0 +1,52 @@
+"""Ingress settings from the environment."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.ingress.settings import IngressSettings, safe_name
+
+pytestmark = pytest.mark.unit
+
+
+def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEAWALL_INGRESS_PORT", "9000")
+    monkeypatch.setenv("SEAWALL_USER_AGENT_BLACKLIST", "curl, badbot ,")
+    monkeypatch.setenv("SEAWALL_REGION_TABLE", '{"10.0.0.0/8": "office"}')
+    monkeypatch.setenv("SEAWALL_MODELS", '{"llama": "main", "tiny": "small"}')
+    monkeypatch.setenv("SEAWALL_KEY_PEPPER", "s3cret")
+    s = IngressSettings()
+    assert (s.ingress_host, s.ingress_port) == ("127.0.0.1", 9000)
+    assert s.user_agent_blacklist == ("curl", "badbot")
+    assert s.region_table == {"10.0.0.0/8": "office"}
+    assert list(s.models) == ["llama", "tiny"]
+    assert s.pepper == b"s3cret"
+    assert not s.dev_pepper
+    assert "s3cret" not in repr(s)
+
+
+def test_defaults() -> None:
+    s = IngressSettings()
+    assert s.max_body_bytes == 16 * 1024
+    assert s.default_deadline_s == 120
+    assert s.dev_pepper
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"region_table": {"not-a-cidr": "x"}},
+        {"models": {}},
+        {"models": {"has space": "main"}},
+        {"max_output_tokens": 40_000},
+    ],
+)
+def test_bad_settings_fail_at_start(changes: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        IngressSettings(**changes)  # type: ignore[arg-type]
+
+
+def test_safe_name() -> None:
+    assert safe_name("host-1.example:1234") == "host-1.example_1234"
+    assert safe_name("") == "_"
