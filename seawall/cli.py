@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from seawall import up as up_mod
+from services.ingress.keys_cli import keys_app
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -40,6 +41,9 @@ def up(
     small_workers: Annotated[
         int, typer.Option(min=0, help="Simulated workers in the small pool.")
     ] = 1,
+    ingress_port: Annotated[
+        int, typer.Option(envvar="SEAWALL_INGRESS_PORT", help="Port of the OpenAI-compatible API.")
+    ] = 8080,
 ) -> None:
     """Start the stack on embedded defaults (broker, Redis, services) until Ctrl-C."""
     options = up_mod.UpOptions(
@@ -50,7 +54,7 @@ def up(
         topic_prefix=topic_prefix,
         partitions=partitions,
         state_dir=state_dir,
-        services=up_mod.default_services(workers, small_workers),
+        services=up_mod.default_services(workers, small_workers, ingress_port),
     )
     raise typer.Exit(up_mod.run(options))
 
@@ -90,6 +94,9 @@ def export_schemas(
     from schemas.export import main as export_main
 
     raise typer.Exit(export_main(["--check"] if check else []))
+
+
+app.add_typer(keys_app, name="keys", help="Create, list, rotate and revoke API keys.")
 
 
 def main() -> None:

@@ -36,11 +36,22 @@ class ServiceSpec:
     module: str
     count: int = 1
     env: dict[str, str] = field(default_factory=dict)
+    listens: int | None = None
+    """A port it serves on 127.0.0.1 (checked free before start, shown in the table)."""
 
 
-def default_services(workers: int, small_workers: int) -> tuple[ServiceSpec, ...]:
+def default_services(
+    workers: int, small_workers: int, ingress_port: int = 8080
+) -> tuple[ServiceSpec, ...]:
     """The services that exist so far, with their process counts."""
     return (
+        ServiceSpec(
+            "ingress",
+            "services.ingress",
+            1,
+            {"SEAWALL_INGRESS_PORT": str(ingress_port)},
+            listens=ingress_port,
+        ),
         ServiceSpec("worker-main", "services.workers", workers, {"SEAWALL_POOL": "main"}),
         ServiceSpec(
             "worker-small",
@@ -72,6 +83,7 @@ class Part:
     address: str
     process: ChildProcess | None = None
     """``None``: not ours (an external broker or Redis)."""
+    metrics_url: str = ""
     next_restart: float = 0.0
 
 
@@ -93,6 +105,13 @@ class Stack:
         created = asyncio.run(ensure_topics(self.bootstrap, topics.specs()))
         if created:
             self.console.print(f"created {len(created)} topics")
+        self._write_stack_env()
+        for spec in o.services:
+            if spec.listens is not None and embedded.port_in_use("127.0.0.1", spec.listens):
+                raise embedded.StackError(
+                    f"127.0.0.1:{spec.listens} is already taken, so {spec.name} cannot "
+                    "listen there; stop what listens there or choose another port."
+                )
         for spec in o.services:
             for i in range(spec.count):
                 name = f"{spec.name}-{i}" if spec.count > 1 else spec.name
@@ -104,7 +123,11 @@ class Stack:
                 }
                 proc = ChildProcess(name, [sys.executable, "-m", spec.module], self._log(name), env)
                 proc.start()
-                self.services.append(Part(name, f"http://127.0.0.1:{metrics_port}/metrics", proc))
+                metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+                address = metrics_url
+                if spec.listens is not None:
+                    address = f"http://127.0.0.1:{spec.listens} (metrics :{metrics_port})"
+                self.services.append(Part(name, address, proc, metrics_url))
 
     def _log(self, name: str) -> Path:
         return self.options.state_dir / "logs" / f"{name}.log"
@@ -155,6 +178,17 @@ class Stack:
             if time.monotonic() > deadline or not proc.alive:
                 raise embedded.StackError(f"Redis did not start:\n{proc.tail()}")
             time.sleep(0.1)
+
+    @property
+    def stack_env_path(self) -> Path:
+        return self.options.state_dir / "stack.env"
+
+    def _write_stack_env(self) -> None:
+        """How to reach this stack, for commands run beside it (see settings.STACK_ENV_FILE)."""
+        shared = {k: v for k, v in self.child_env("cli").items() if k.startswith("SEAWALL_")}
+        shared.pop("SEAWALL_INSTANCE_ID")
+        self.options.state_dir.mkdir(parents=True, exist_ok=True)
+        self.stack_env_path.write_text("".join(f"{k}={v}\n" for k, v in shared.items()))
 
     def child_env(self, name: str) -> dict[str, str]:
         o = self.options
@@ -211,10 +245,10 @@ class Stack:
 
     @staticmethod
     def healthy(part: Part) -> bool:
-        if not part.address.startswith("http"):
+        if not part.metrics_url:
             return False
         try:
-            return httpx.get(part.address, timeout=1.0).status_code == 200
+            return httpx.get(part.metrics_url, timeout=1.0).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -241,6 +275,7 @@ class Stack:
 
     # -- stop ----------------------------------------------------------------
     def stop(self, grace_s: float = 25.0) -> None:
+        self.stack_env_path.unlink(missing_ok=True)
         for part in reversed(self.services):
             assert part.process is not None
             part.process.stop(grace_s)

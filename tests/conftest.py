@@ -12,8 +12,12 @@ Tiers: tests under ``tests/unit`` are marked ``unit``, ``tests/integration``
 
 from __future__ import annotations
 
-import asyncio
 import os
+
+# Tests never read the connection file of a stack a developer may be running here.
+os.environ["SEAWALL_ENV_FILE"] = os.devnull
+
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass

@@ -1,0 +1,224 @@
+"""``seawall events``: the controller's decisions, for operators.
+
+Reads the control topic from the beginning with no consumer group (it changes nothing
+on the broker), applies the rule every consumer applies (per ``<kind>/<scope>`` the
+highest ``seq`` wins, see ``services.common.control``) and prints each decision as it
+was made, with its evidence. Re-publications of a decision already in force (same
+decision, higher ``seq``) and stale duplicates are not printed again. Once caught up it
+shows the decisions in force; ``follow`` keeps printing new decisions until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import time
+from datetime import UTC, datetime
+from typing import get_args
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from schemas import (
+    BatchLimit,
+    BreakerState,
+    ControlEvent,
+    DegradationLevel,
+    Evidence,
+    QuotaOverride,
+    RegionThrottle,
+    TrafficSplit,
+)
+from services.common.bus import make_consumer, topics_of
+from services.common.control import ControlState
+from services.common.serde import CONTROL, DecodeError, decode
+from services.common.settings import CommonSettings
+
+_KIND_TYPES: tuple[type[ControlEvent], ...] = get_args(get_args(ControlEvent)[0])
+KINDS: tuple[str, ...] = tuple(str(t.model_fields["kind"].default) for t in _KIND_TYPES)
+_REPUBLICATION_FIELDS = {"seq", "valid_for_s"}
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else _number(value)
+
+
+def describe(event: ControlEvent) -> str:
+    """The decided state in a few words."""
+    text: str
+    if isinstance(event, BreakerState):
+        text = event.state
+        if event.state != "closed" or event.level:
+            text += f" level={event.level.name}"
+        if event.tripped:
+            text += f" tripped={','.join(event.tripped)}"
+        if event.state == "half_open":
+            text += f" probes={event.probe_requests}"
+        return text
+    if isinstance(event, DegradationLevel):
+        text = f"level {event.level}"
+        if event.small_pool is not None:
+            text += f" small_pool={event.small_pool}"
+        if event.max_tokens_cap is not None:
+            text += f" max_tokens_cap={event.max_tokens_cap}"
+        return text
+    if isinstance(event, BatchLimit):
+        return f"limit {event.limit}"
+    if isinstance(event, TrafficSplit):
+        weights = " ".join(f"{v}={_number(w)}" for v, w in sorted(event.weights.items()))
+        return f"pool {event.pool}: {weights}"
+    if isinstance(event, RegionThrottle):
+        if event.rate_per_s is None:
+            return f"region {event.region}: lifted"
+        return f"region {event.region}: {_number(event.rate_per_s)}/s"
+    assert isinstance(event, QuotaOverride)
+    text = (
+        f"tenant {event.tenant}: requests/s {_rate(event.requests_per_s)}, "
+        f"tokens/s {_rate(event.tokens_per_s)}, burst {_rate(event.burst)}"
+    )
+    if event.expires_at is not None:
+        text += f", until {_when(event.expires_at)}"
+    return text
+
+
+def _numbers(values: dict[str, float]) -> str:
+    return " ".join(f"{k}={_number(v)}" for k, v in values.items())
+
+
+def evidence_text(evidence: Evidence) -> str:
+    """Everything the evidence says after its reason, on one line."""
+    parts = [f"window {_number(evidence.window_s)}s"]
+    if evidence.hold_s is not None:
+        parts.append(f"held {_number(evidence.hold_s)}s")
+    if evidence.metrics:
+        parts.append(f"metrics {_numbers(evidence.metrics)}")
+    if evidence.thresholds:
+        parts.append(f"thresholds {_numbers(evidence.thresholds)}")
+    if evidence.previous is not None:
+        parts.append(f"was {evidence.previous}")
+    return " · ".join(parts)
+
+
+def format_event(event: ControlEvent) -> str:
+    """A decision as two lines of rich markup: what and when, then the evidence."""
+    head = (
+        f"[dim]{_when(event.issued_at)}[/] [bold]{escape(event.control_key)}[/] "
+        f"{escape(describe(event))} [dim]seq={event.seq} by {escape(event.issuer)}[/]"
+    )
+    reason = escape(event.evidence.reason or "(no reason given)")
+    return f"{head}\n    {reason} [dim]({escape(evidence_text(event.evidence))})[/]"
+
+
+class EventView:
+    """The tail's state, without I/O: feed it records, print what it returns."""
+
+    def __init__(self, scope: str | None = None, kind: str | None = None) -> None:
+        self.scope = scope
+        self.kind = kind
+        self.state = ControlState()
+        self.invalid = 0
+
+    def matches(self, event: ControlEvent) -> bool:
+        if self.kind is not None and event.kind != self.kind:
+            return False
+        return self.scope is None or fnmatch.fnmatchcase(event.scope, self.scope)
+
+    def feed(self, raw: bytes | None) -> str | None:
+        """The markup to print for a record: a new decision that passes the filters;
+        ``None`` for re-publications, stale duplicates and filtered-out events."""
+        try:
+            event = decode(CONTROL, raw)
+        except DecodeError as e:
+            self.invalid += 1
+            return f"[yellow]skipped a record that is not a control event ({escape(e.reason)})[/]"
+        current = self.state.get(type(event), event.scope)
+        if not self.state.apply(event):
+            return None
+        if current is not None and current.model_dump(
+            exclude=_REPUBLICATION_FIELDS
+        ) == event.model_dump(exclude=_REPUBLICATION_FIELDS):
+            return None
+        return format_event(event) if self.matches(event) else None
+
+    def in_force(self, now: float) -> Table:
+        events = sorted(
+            (e for kind in _KIND_TYPES for e in self.state.all(kind) if self.matches(e)),
+            key=lambda e: e.control_key,
+        )
+        table = Table(title=f"decisions in force ({len(events)})", title_justify="left")
+        for column in ("key", "state", "decided", "valid until", "reason"):
+            table.add_column(column, overflow="fold")
+        for e in events:
+            until = e.issued_at + e.valid_for_s
+            valid = _when(until) if until >= now else f"[red]{_when(until)} (expired)[/]"
+            table.add_row(
+                escape(e.control_key),
+                escape(describe(e)),
+                _when(e.issued_at),
+                valid,
+                escape(e.evidence.reason),
+            )
+        return table
+
+
+async def _tail(settings: CommonSettings, view: EventView, follow: bool, console: Console) -> int:
+    topic = topics_of(settings).control
+    consumer = make_consumer(settings, group_id=None)
+    try:
+        await consumer.start()
+    except KafkaError as e:
+        console.print(f"[red]no broker at {escape(settings.kafka_bootstrap)}[/]: {escape(str(e))}")
+        return 1
+    try:
+        if topic not in await consumer.topics():
+            console.print(
+                f"[red]no control topic {escape(topic)}[/] on {escape(settings.kafka_bootstrap)} "
+                "(is the stack up? check SEAWALL_KAFKA_BOOTSTRAP and SEAWALL_TOPIC_PREFIX)"
+            )
+            return 1
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        caught_up = False
+        while True:
+            batches = await consumer.getmany(timeout_ms=500)
+            for records in batches.values():
+                for record in records:
+                    line = view.feed(record.value)
+                    if line is not None:
+                        console.print(line, highlight=False)
+            positions = [await consumer.position(tp) for tp in tps]
+            if not caught_up and all(p >= end[tp] for p, tp in zip(positions, tps, strict=True)):
+                caught_up = True
+                console.print(view.in_force(time.time()))
+                if not follow:
+                    return 0
+    finally:
+        await consumer.stop()
+
+
+def run_events(
+    settings: CommonSettings, scope: str | None, kind: str | None, follow: bool, console: Console
+) -> int:
+    """Print the control topic's decisions (``scope`` may be a glob such as
+    ``worker:*``); the exit status: 0 done, 1 no broker or no control topic, 2 an
+    unknown kind."""
+    if kind is not None and kind not in KINDS:
+        console.print(f"[red]unknown kind {escape(kind)!r}[/]; kinds: {', '.join(KINDS)}")
+        return 2
+    try:
+        return asyncio.run(_tail(settings, EventView(scope, kind), follow, console))
+    except KeyboardInterrupt:
+        return 0
