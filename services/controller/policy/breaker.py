@@ -162,6 +162,19 @@ class Breaker:
                 )
         return self._settle(now, evidence)
 
+    def restore(self, status: BreakerStatus, now: float) -> None:
+        """Resume from the status a previous controller had in force (its last event),
+        without a decision: the causes named in ``status.tripped`` are tripped again and
+        must recover in full (holds start at ``now``); a failed probe waits its
+        ``probe_retry_s`` again from ``now``."""
+        self._rows.restore(status.tripped)
+        self._lost = HEARTBEAT in status.tripped
+        probe_failed = PROBE in status.tripped
+        self._probe_failed_at = now if probe_failed else None
+        self._probe_level = status.level if probe_failed else BreakerLevel.NONE
+        self._probe_successes = 0
+        self._status = status
+
     def on_liveness(self, decision: Decision[Liveness]) -> Decision[BreakerStatus] | None:
         """Apply a ``HeartbeatMonitor`` decision about this scope."""
         if decision.scope != self.scope:

@@ -94,6 +94,12 @@ class DegradationLadder:
     def status(self) -> DegradationStatus:
         return self._status
 
+    def restore(self, status: DegradationStatus) -> None:
+        """Resume from the status a previous controller had in force, without a
+        decision; the rungs in ``status.triggered`` must recover in full again."""
+        self._rungs.restore(status.triggered)
+        self._status = status
+
     def evaluate(
         self, now: float, readings: Mapping[Trigger, Reading | None]
     ) -> Decision[DegradationStatus] | None:

@@ -72,6 +72,12 @@ class HeartbeatMonitor:
             ),
         )
 
+    def restore(self, scope: str, now: float, liveness: Liveness) -> None:
+        """Track a worker a previous controller knew, as last seen at ``now`` (the
+        restart), without a decision: one that stays silent is lost after the timeout,
+        and one restored as lost reports its return when it beats again."""
+        self._workers[scope] = _Worker(last_seen=now, liveness=liveness)
+
     def check(self, now: float) -> list[Decision[Liveness]]:
         """The workers lost since the last check (silent for strictly more than the
         timeout)."""

@@ -13,7 +13,7 @@ and must not go backwards.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -103,6 +103,12 @@ class Latch:
         self.tripped = False
         return evidence
 
+    def restore(self, tripped: bool) -> None:
+        """Set the state a restarted controller had in force; any hold starts afresh."""
+        self.tripped = tripped
+        self._trip.reset()
+        self._recover.reset()
+
     def _evidence(
         self, now: float, reading: Reading | None, timer: HoldTimer, *, tripping: bool
     ) -> Evidence:
@@ -150,3 +156,9 @@ class LatchSet(Generic[K]):
     @property
     def tripped(self) -> tuple[K, ...]:
         return tuple(key for key, latch in self._latches if latch.tripped)
+
+    def restore(self, tripped: Iterable[str]) -> None:
+        """Trip exactly the rows named in ``tripped`` (other names are ignored)."""
+        names = set(tripped)
+        for key, latch in self._latches:
+            latch.restore(key in names)

@@ -1,0 +1,298 @@
+"""The controller's shell: a faust-streaming app run inside our own process.
+
+Flow: the ``route`` agent reads ``llm.telemetry`` (keyed by worker id), dead-letters
+what cannot be decoded and forwards the rest to the app's internal topic
+``<app id>-telemetry-by-pool``, keyed by pool, so that a pool and all its workers land
+on one partition: one controller instance sees all of a pool's workers and decides for
+the pool and for them (scale-out is faust's: more instances share the partitions). The
+``decide`` agent feeds each record to that pool's ``PoolEngine``; a timer task
+evaluates every owned pool each ``controller_tick_s`` (holds advance and heartbeat loss
+shows without telemetry) and re-publishes the decisions in force. Control events go to
+``llm.control`` keyed by ``<kind>/<scope>``.
+
+State: the ``decisions`` table (changelog-backed, keyed by pool) holds each pool's
+``PoolRecord``: the decisions in force, the sequence, the workers known. A change is
+written to the table and the changelog flushed *before* its control event is
+published, so a restarted controller never restores a state older than one it
+published (which would contradict it). The changelog partition of a pool is the
+partition of its key, as for the internal topic (``use_partitioner``), so the table
+may be written from the timer as well as from the agent. The statistics windows
+(DDSketch buckets) are not in a table: a changelog record per request would cost more
+than the windows are worth after a restart, and they refill from fresh telemetry
+within one window while the restored decisions hold.
+
+No Kafka transactions (the embedded broker has none): at-least-once processing, and
+``seq`` (latest wins) makes duplicates harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import faust
+from aiokafka.partitioner import DefaultPartitioner
+from faust.types import StreamT
+from pydantic import ValidationError
+
+from services.common.bus import ensure_topics, make_producer, send_dead_letter, topics_of
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.lifecycle import Component, cancel_tasks
+from services.common.serde import TELEMETRY, DecodeError, decode, encode
+from services.controller import metrics as m
+from services.controller.engine import Output, PoolEngine, PoolRecord
+from services.controller.settings import ControllerSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_app(settings: ControllerSettings, datadir: Path) -> faust.App:
+    """The faust app: at-least-once, in-memory tables restored from their changelogs,
+    no web server, no standby replicas (a new owner restores from the changelog)."""
+    session_s = settings.controller_session_timeout_s
+    return faust.App(
+        settings.app_id,
+        broker=[f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")],
+        store="memory://",
+        processing_guarantee="at_least_once",
+        topic_partitions=settings.topic_partitions,
+        topic_replication_factor=settings.topic_replication,
+        table_standby_replicas=0,
+        web_enabled=False,
+        autodiscover=False,
+        datadir=datadir,
+        broker_session_timeout=session_s,
+        broker_rebalance_timeout=session_s,
+        broker_heartbeat_interval=min(3.0, session_s / 3),
+        # A controller that starts for the first time has no use for old telemetry.
+        consumer_auto_offset_reset="latest",
+    )
+
+
+class _InProcessWorker(faust.Worker):
+    """faust's worker without its process-wide side effects: the signals belong to our
+    lifecycle (``run_until_signalled``), the logging to ``services.common.logs``."""
+
+    def __init__(self, app: faust.App) -> None:
+        super().__init__(
+            app, quiet=True, daemon=False, override_logging=False, redirect_stdouts=False
+        )
+        self.spinner = None
+
+    def install_signal_handlers(self) -> None:
+        """None: SIGTERM stops the ``Controller`` component, which stops this worker."""
+
+
+class Controller(Component):
+    name = "controller"
+
+    def __init__(self, settings: ControllerSettings, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__()
+        self.settings = settings
+        self.clock = clock
+        self.topics = topics_of(settings)
+        self.config = settings.engine_config()
+        self.engines: dict[str, PoolEngine] = {}
+        """The pools this instance owns now."""
+        self._lock = asyncio.Lock()
+        self._exporter = m.StateExporter()
+        self._producer = make_producer(settings)
+        self._datadir = Path(tempfile.gettempdir()) / f"seawall-controller-{uuid.uuid4().hex}"
+        self.app = build_app(settings, self._datadir)
+        self._telemetry = self.app.topic(
+            self.topics.telemetry,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+        self._by_pool = self.app.topic(
+            f"{settings.app_id}-telemetry-by-pool",
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=settings.topic_partitions,
+            internal=True,
+        )
+        self._decisions = self.app.Table(
+            "decisions",
+            key_type=bytes,
+            value_type=bytes,
+            partitions=settings.topic_partitions,
+            use_partitioner=True,
+        )
+        self.app.agent(self._telemetry, name="route")(self._route)
+        self.app.agent(self._by_pool, name="decide")(self._decide)
+        self._worker = _InProcessWorker(self.app)
+        self._ticker: asyncio.Task[Any] | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+    async def on_start(self) -> None:
+        await ensure_topics(
+            self.settings.kafka_bootstrap, self.topics.specs(), self.settings.topic_replication
+        )
+        await self._producer.start()
+        try:
+            await self._worker.start()
+        finally:
+            # faust makes its data directory when it starts; the memory store never uses
+            # it, so nothing is left behind, not even by a killed controller.
+            shutil.rmtree(self._datadir, ignore_errors=True)
+        self._ticker = self.spawn(self._tick_loop(), "tick")
+        log.info(
+            "controller started",
+            extra={
+                "app_id": self.settings.app_id,
+                "time_scale": self.settings.controller_time_scale,
+            },
+        )
+
+    async def on_stop(self) -> None:
+        if self._ticker is not None:
+            await cancel_tasks({self._ticker})
+        try:
+            await self._worker.stop()  # agents finish their record; offsets are committed
+        finally:
+            await self._producer.stop()
+
+    @property
+    def ready(self) -> bool:
+        """Recovered and not rebalancing: the table holds what this instance owns."""
+        app = self.app
+        recovery = app.tables.recovery  # type: ignore[attr-defined]
+        return bool(recovery.completed.is_set()) and not app.rebalancing and not app.in_recovery
+
+    # -- agents ----------------------------------------------------------------
+    async def _route(self, stream: StreamT[bytes]) -> None:
+        async for event in stream.events():
+            message = event.message
+            try:
+                telemetry = decode(TELEMETRY, event.value)
+            except DecodeError as e:
+                m.TELEMETRY.labels("unknown", "invalid").inc()
+                await send_dead_letter(
+                    self._producer,
+                    self.topics,
+                    source_topic=message.topic,
+                    partition=message.partition,
+                    offset=message.offset,
+                    key=message.key,
+                    raw=event.value,
+                    error=e,
+                    service="controller",
+                    clock=self.clock,
+                )
+                continue
+            await self._by_pool.send(key=telemetry.pool.encode(), value=event.value)
+
+    async def _decide(self, stream: StreamT[bytes]) -> None:
+        async for event in stream.events():
+            try:
+                telemetry = decode(TELEMETRY, event.value)
+            except DecodeError as e:  # only the route agent writes here; never expected
+                log.error(
+                    "skipped an invalid record of the internal topic", extra={"reason": e.reason}
+                )
+                continue
+            async with self._lock:
+                now = self.clock.time()
+                engine = self._engine(telemetry.pool, now)
+                output = engine.observe(telemetry, now)
+                await self._publish(engine, output)
+            m.count_output(telemetry.type, output)
+
+    # -- timer -----------------------------------------------------------------
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.controller_tick_s)
+            if self._worker.crashed or self.app.crashed:
+                reason = self.app.crash_reason or self._worker.crash_reason
+                raise RuntimeError(f"the faust app crashed: {reason!r}")
+            if self.ready:
+                await self.tick()
+
+    async def tick(self) -> None:
+        """Evaluate every pool this instance owns (adopting those it newly owns)."""
+        started = time.monotonic()
+        async with self._lock:
+            now = self.clock.time()
+            self._adopt_owned_pools(now)
+            for engine in list(self.engines.values()):
+                output = engine.tick(now)
+                await self._publish(engine, output)
+                m.count_output(None, output)
+            self._exporter.export(self.engines.values())
+        m.TICK_SECONDS.set(time.monotonic() - started)
+
+    # -- pools -----------------------------------------------------------------
+    def _partition(self, pool: str) -> int:
+        """The partition of a pool's key, as the producer's partitioner picks it for the
+        internal topic and the changelog alike."""
+        partitions = list(range(self.settings.topic_partitions))
+        partition: int = DefaultPartitioner()(pool.encode(), partitions, partitions)
+        return partition
+
+    def _adopt_owned_pools(self, now: float) -> None:
+        topic = self._by_pool.get_topic_name()
+        owned = {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
+        for pool in [p for p in self.engines if self._partition(p) not in owned]:
+            log.info("pool moved to another controller instance", extra={"pool": pool})
+            del self.engines[pool]
+        for key in list(self._decisions.keys()):
+            pool = key.decode()
+            if pool not in self.engines and self._partition(pool) in owned:
+                self._engine(pool, now)
+
+    def _engine(self, pool: str, now: float) -> PoolEngine:
+        engine = self.engines.get(pool)
+        if engine is not None:
+            return engine
+        raw = self._decisions.get(pool.encode())
+        record = None
+        if raw is not None:
+            try:
+                record = PoolRecord.model_validate_json(raw)
+            except ValidationError as e:
+                log.error(
+                    "unreadable record of a pool: starting it afresh",
+                    extra={"pool": pool, "error": str(e)[:500]},
+                )
+        engine = self.engines[pool] = PoolEngine(pool, self.config, now, record)
+        log.info(
+            "pool restored" if record is not None else "pool first seen",
+            extra={"pool": pool, "decisions": len(engine.in_force)},
+        )
+        return engine
+
+    async def _publish(self, engine: PoolEngine, output: Output) -> None:
+        record = engine.take_record()
+        if record is not None:
+            self._decisions[engine.pool.encode()] = encode(record)
+            if output.changes:
+                # The changelog first: a restart must never restore a state older than
+                # one already published.
+                await self.app.producer.flush()
+        sends = [
+            await self._producer.send(
+                self.topics.control, encode(event), key=event.control_key.encode()
+            )
+            for event in output.events
+        ]
+        if sends:
+            await asyncio.gather(*sends)
+        for event in output.changes:
+            log.info(
+                "decision",
+                extra={
+                    "key": event.control_key,
+                    "seq": event.seq,
+                    "reason": event.evidence.reason,
+                },
+            )

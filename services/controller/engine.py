@@ -1,0 +1,597 @@
+"""The controller's core for one pool: telemetry in, control events out. Pure: no
+Kafka, no faust; time is what the caller passes as ``now`` (it never goes backwards
+here, even if the wall clock does).
+
+Scopes and what is decided for them:
+
+- ``worker:<id>``: a ``BreakerState`` (the breaker matrix on the worker's own windows,
+  plus heartbeat loss) and a ``BatchLimit`` (the adaptive batch limit, from the
+  worker's completed-request latencies, within its engine's ``max_num_seqs``);
+- ``pool:<name>``: a ``BreakerState`` (the matrix on the pool's windows: every sample of
+  its workers) and a ``DegradationLevel`` (the ladder on the pool's requests and the
+  hottest GPU of the pool).
+
+Every scope gets an explicit state from its first sight (closed breaker, level 0, the
+worker's own batch limit), so that consumers read a decision, not the absence of one.
+
+Events: a policy ``Decision`` becomes a control event at once (a *change*); the state
+in force is re-published every ``republish_s`` with a new ``seq`` (level-triggered). A
+re-publication keeps ``issued_at`` (when the decision was made) and extends
+``valid_for_s``, which counts from ``issued_at``: a consumer trusts a decision while
+``issued_at + valid_for_s`` is ahead of its clock, and one-shot orders (restart the
+worker) can be told apart from their re-publications. ``seq`` is a hybrid clock,
+``max(last + 1, µs since the epoch)``: it increases across restarts without
+coordination.
+
+Restart safety: ``record()`` is what the shell persists (the decisions in force, the
+sequence, the workers known); a ``PoolEngine`` built from a record re-publishes those
+decisions at its first ``tick`` and seeds the policies from them, so that a tripped
+breaker stays open until its recovery condition holds again in full and a batch limit
+continues from its last value. The windows refill from fresh telemetry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Annotated, TypeVar
+
+from pydantic import Field
+
+from schemas import (
+    BatchLimit,
+    BreakerState,
+    ControlEvent,
+    DegradationLevel,
+    EngineStats,
+    Evidence,
+    GpuStats,
+    RequestCompleted,
+    TelemetryEvent,
+    WorkerHeartbeat,
+)
+from schemas.base import Ident, Wire
+from services.controller.policy import (
+    AdaptiveBatchLimit,
+    BatchConfig,
+    Breaker,
+    BreakerConfig,
+    BreakerStatus,
+    Circuit,
+    Decision,
+    DegradationConfig,
+    DegradationLadder,
+    DegradationStatus,
+    GaugeWindow,
+    HeartbeatConfig,
+    HeartbeatMonitor,
+    Liveness,
+    Reading,
+    RequestWindow,
+    Threshold,
+    breaker_readings,
+    degradation_readings,
+)
+from services.controller.policy import Evidence as PolicyEvidence
+from services.controller.policy.breaker import HEARTBEAT
+
+MAX_SECONDS = 86_400.0
+"""The wire's bound on a duration (``schemas.base.Seconds``)."""
+MAX_EVIDENCE_ENTRIES = 32
+MAX_METRIC_NAME = 64
+REQUEST_BUCKETS = 30
+GAUGE_BUCKETS = 10
+
+K = TypeVar("K", bound=str)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    degradation: DegradationConfig = field(default_factory=DegradationConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+    republish_s: float = 5.0
+    valid_for_s: float = 60.0
+    forget_after_s: float = 600.0
+    max_telemetry_age_s: float = 30.0
+    small_pool: str = "small"
+    max_tokens_cap: int = 512
+
+    def __post_init__(self) -> None:
+        if not 0 < self.republish_s < self.valid_for_s <= MAX_SECONDS:
+            raise ValueError(
+                "need 0 < republish_s < valid_for_s <= 86400: decisions must not expire at "
+                "their consumers between two re-publications"
+            )
+        if self.forget_after_s <= 0 or self.max_telemetry_age_s <= 0:
+            raise ValueError("forget_after_s and max_telemetry_age_s must be > 0")
+
+    @property
+    def request_window_s(self) -> float:
+        """The longest window any request-based row or rung reads."""
+        rows = (self.breaker.error_rate, self.breaker.latency_p99_ms)
+        rungs = (self.degradation.latency_p99_ms, self.degradation.error_rate)
+        return max(t.window_s for t in (*rows, *rungs))
+
+    @property
+    def gauge_window_s(self) -> float:
+        rows = (self.breaker.cpu_percent, self.breaker.gpu_memory_percent)
+        return max(t.window_s for t in (*rows, self.degradation.gpu_temperature_c))
+
+    def request_window(self) -> RequestWindow:
+        size = self.request_window_s
+        return RequestWindow(size, size / REQUEST_BUCKETS)
+
+    def gauge_window(self) -> GaugeWindow:
+        size = self.gauge_window_s
+        return GaugeWindow(size, size / GAUGE_BUCKETS)
+
+
+def _scaled(t: Threshold, k: float) -> Threshold:
+    return replace(
+        t,
+        window_s=t.window_s * k,
+        trip_hold_s=t.trip_hold_s * k,
+        recover_hold_s=t.recover_hold_s * k,
+    )
+
+
+def scaled_config(
+    time_scale: float,
+    *,
+    batch_sla_ms: float,
+    heartbeat_timeout_s: float,
+    republish_s: float,
+    valid_for_s: float,
+    forget_after_s: float,
+    max_telemetry_age_s: float,
+    small_pool: str,
+    max_tokens_cap: int,
+) -> EngineConfig:
+    """The default policies with every window and hold multiplied by ``time_scale``."""
+    k = time_scale
+    b, d = BreakerConfig(), DegradationConfig()
+    return EngineConfig(
+        breaker=replace(
+            b,
+            error_rate=_scaled(b.error_rate, k),
+            latency_p99_ms=_scaled(b.latency_p99_ms, k),
+            cpu_percent=_scaled(b.cpu_percent, k),
+            gpu_memory_percent=_scaled(b.gpu_memory_percent, k),
+            probe_retry_s=b.probe_retry_s * k,
+        ),
+        degradation=DegradationConfig(
+            latency_p99_ms=_scaled(d.latency_p99_ms, k),
+            error_rate=_scaled(d.error_rate, k),
+            gpu_temperature_c=_scaled(d.gpu_temperature_c, k),
+        ),
+        batch=replace(
+            BatchConfig(), sla_ms=batch_sla_ms, min_interval_s=BatchConfig().min_interval_s * k
+        ),
+        heartbeat=HeartbeatConfig(timeout_s=heartbeat_timeout_s),
+        republish_s=republish_s,
+        valid_for_s=valid_for_s,
+        forget_after_s=forget_after_s,
+        max_telemetry_age_s=max_telemetry_age_s,
+        small_pool=small_pool,
+        max_tokens_cap=max_tokens_cap,
+    )
+
+
+class PoolRecord(Wire):
+    """What survives a restart (the value of the controller's changelog-backed table)."""
+
+    pool: Ident
+    seq: int = Field(ge=0, le=2**62)
+    events: tuple[ControlEvent, ...] = ()
+    """The decisions in force, as last published."""
+    workers: dict[Ident, Annotated[int, Field(ge=1)] | None] = Field(default_factory=dict)
+    """The pool's workers and their engines' ``max_num_seqs`` (``None``: not known yet)."""
+    degradation_triggered: tuple[str, ...] = ()
+    """The ladder's triggered rungs (the event carries only the level)."""
+
+
+@dataclass(frozen=True)
+class Output:
+    changes: tuple[ControlEvent, ...] = ()
+    """New decisions: persist ``record()`` before publishing them."""
+    republished: tuple[ControlEvent, ...] = ()
+    """The decisions in force again, each with a new ``seq``."""
+    stale: bool = False
+    """The telemetry record was too old to count and was skipped."""
+
+    @property
+    def events(self) -> tuple[ControlEvent, ...]:
+        return self.changes + self.republished
+
+
+def _finite(values: Mapping[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, value in values.items():
+        if len(out) == MAX_EVIDENCE_ENTRIES:
+            break
+        if math.isfinite(value):
+            out[name[:MAX_METRIC_NAME]] = value
+    return out
+
+
+def _seconds(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return min(MAX_SECONDS, max(0.0, value))
+
+
+def wire_evidence(evidence: PolicyEvidence, previous: str | None) -> Evidence:
+    """The policy's evidence within the wire's bounds (text lengths, entry counts,
+    finite numbers, durations of at most a day)."""
+    return Evidence(
+        reason=evidence.reason[:512],
+        window_s=_seconds(evidence.window_s) or 0.0,
+        metrics=_finite(evidence.metrics),
+        thresholds=_finite(evidence.thresholds),
+        hold_s=_seconds(evidence.hold_s),
+        previous=None if previous is None else previous[:512],
+    )
+
+
+def describe_breaker(status: BreakerStatus) -> str:
+    if status.circuit is Circuit.CLOSED:
+        return "closed"
+    causes = ",".join(status.tripped) or "-"
+    return f"{status.circuit.value} level={status.level.name} tripped={causes}"
+
+
+def describe_degradation(status: DegradationStatus) -> str:
+    return f"level {status.level} ({','.join(status.triggered) or 'none triggered'})"
+
+
+def _values(readings: Mapping[K, Reading | None]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, reading in readings.items():
+        if reading is not None:
+            out[name] = reading.value
+            out[f"{name}.samples"] = float(reading.samples)
+    return out
+
+
+class _Worker:
+    def __init__(self, worker_id: str, config: EngineConfig) -> None:
+        self.id = worker_id
+        self.scope = f"worker:{worker_id}"
+        self.requests = config.request_window()
+        self.cpu = config.gauge_window()
+        self.gpu_memory = config.gauge_window()
+        self.breaker = Breaker(self.scope, config.breaker)
+        self.batch: AdaptiveBatchLimit | None = None
+        self.max_num_seqs: int | None = None
+        self.lost_since: float | None = None
+
+
+class PoolEngine:
+    """The decisions for one pool and its workers (see the module docstring)."""
+
+    def __init__(
+        self, pool: str, config: EngineConfig, now: float, record: PoolRecord | None = None
+    ) -> None:
+        self.pool = pool
+        self.scope = f"pool:{pool}"
+        self.config = config
+        self._now = now
+        self._seq = 0
+        self._in_force: dict[str, ControlEvent] = {}
+        self._changes: list[ControlEvent] = []
+        self._dirty = False
+        self._last_republish = -math.inf
+        self._workers: dict[str, _Worker] = {}
+        self._monitor = HeartbeatMonitor(config.heartbeat)
+        self._requests = config.request_window()
+        self._cpu = config.gauge_window()
+        self._gpu_memory = config.gauge_window()
+        self._gpu_temperature = config.gauge_window()
+        self._breaker = Breaker(self.scope, config.breaker)
+        self._ladder = DegradationLadder(self.scope, config.degradation)
+        self.inputs: dict[str, dict[str, float]] = {}
+        """Per scope, the signals of the last evaluation (for the metrics)."""
+        if record is None:
+            first = PolicyEvidence(reason=f"pool {pool} first seen")
+            self._issue_breaker(self.scope, BreakerStatus(), first, None, now)
+            self._issue_degradation(DegradationStatus(), first, None, now)
+            self._last_republish = now  # just issued
+        else:
+            self._restore(record, now)  # re-published at the first tick
+
+    # -- restart ---------------------------------------------------------------
+    def _restore(self, record: PoolRecord, now: float) -> None:
+        self._seq = record.seq
+        for worker_id, max_num_seqs in record.workers.items():
+            worker = self._workers[f"worker:{worker_id}"] = _Worker(worker_id, self.config)
+            worker.max_num_seqs = max_num_seqs
+        for event in record.events:
+            if self._seed(event, record, now):
+                self._in_force[event.control_key] = event
+        for scope, worker in self._workers.items():
+            lost = HEARTBEAT in worker.breaker.status.tripped
+            self._monitor.restore(scope, now, Liveness.LOST if lost else Liveness.ALIVE)
+            worker.lost_since = now if lost else None
+
+    def _seed(self, event: ControlEvent, record: PoolRecord, now: float) -> bool:
+        """Seed the policy the event decided for; False if its scope is not ours."""
+        if isinstance(event, BreakerState):
+            status = BreakerStatus(
+                Circuit(event.state), event.level, event.tripped, event.probe_requests
+            )
+            if event.scope == self.scope:
+                self._breaker.restore(status, now)
+                return True
+            if event.scope in self._workers:
+                self._workers[event.scope].breaker.restore(status, now)
+                return True
+        elif isinstance(event, DegradationLevel) and event.scope == self.scope:
+            self._ladder.restore(DegradationStatus(event.level, record.degradation_triggered))
+            return True
+        elif isinstance(event, BatchLimit) and event.scope in self._workers:
+            worker = self._workers[event.scope]
+            if worker.max_num_seqs is not None:
+                worker.batch = AdaptiveBatchLimit(
+                    worker.scope, worker.max_num_seqs, self.config.batch, event.limit
+                )
+                return True
+        return False
+
+    def record(self) -> PoolRecord:
+        return PoolRecord(
+            pool=self.pool,
+            seq=self._seq,
+            events=tuple(self._in_force.values()),
+            workers={w.id: w.max_num_seqs for w in self._workers.values()},
+            degradation_triggered=self._ladder.status.triggered,
+        )
+
+    def take_record(self) -> PoolRecord | None:
+        """The record if it changed since the last call (what the shell persists)."""
+        if not self._dirty:
+            return None
+        self._dirty = False
+        return self.record()
+
+    # -- views -----------------------------------------------------------------
+    @property
+    def in_force(self) -> Mapping[str, ControlEvent]:
+        return self._in_force
+
+    def breakers(self) -> dict[str, BreakerStatus]:
+        statuses = {w.scope: w.breaker.status for w in self._workers.values()}
+        statuses[self.scope] = self._breaker.status
+        return statuses
+
+    @property
+    def degradation(self) -> DegradationStatus:
+        return self._ladder.status
+
+    def batch_limits(self) -> dict[str, tuple[int, float | None]]:
+        """Per worker id: the limit in force and the latency EWMA behind it."""
+        return {
+            w.id: (w.batch.limit, w.batch.ewma_ms)
+            for w in self._workers.values()
+            if w.batch is not None
+        }
+
+    # -- telemetry -------------------------------------------------------------
+    def observe(self, event: TelemetryEvent, now: float) -> Output:
+        now = self._advance(now)
+        if event.at < now - self.config.max_telemetry_age_s:
+            return Output(stale=True)
+        if isinstance(event, WorkerHeartbeat) and event.status == "stopped":
+            self._forget(f"worker:{event.worker_id}")
+            return self._output()
+        worker = self._worker(event.worker_id, now)
+        if isinstance(event, RequestCompleted):
+            self._on_request(worker, event, now)
+        elif isinstance(event, EngineStats):
+            self._on_engine_stats(worker, event, now)
+        elif isinstance(event, GpuStats):
+            worker.gpu_memory.record(now, event.memory_pct)
+            self._gpu_memory.record(now, event.memory_pct)
+            self._gpu_temperature.record(now, event.temperature_c)
+        else:
+            worker.cpu.record(now, event.host_cpu_pct)
+            self._cpu.record(now, event.host_cpu_pct)
+            back = self._monitor.beat(worker.scope, now)
+            if back is not None:
+                worker.lost_since = None
+                self._breaker_decision(worker.breaker.on_liveness(back))
+        return self._output()
+
+    def _on_request(self, worker: _Worker, event: RequestCompleted, now: float) -> None:
+        ok = event.error is None
+        worker.requests.record(now, event.latency_ms, ok)
+        self._requests.record(now, event.latency_ms, ok)
+        if worker.batch is not None:
+            decision = worker.batch.observe(now, event.latency_ms)
+            if decision is not None:
+                self._issue_batch(worker, decision.evidence, str(decision.previous_state), now)
+        for breaker in (worker.breaker, self._breaker):
+            self._breaker_decision(breaker.record_probe(now, ok))
+
+    def _on_engine_stats(self, worker: _Worker, event: EngineStats, now: float) -> None:
+        max_num_seqs = event.limits.max_num_seqs
+        if worker.batch is not None and worker.max_num_seqs == max_num_seqs:
+            return
+        previous = worker.batch.limit if worker.batch is not None else None
+        worker.max_num_seqs = max_num_seqs
+        worker.batch = AdaptiveBatchLimit(
+            worker.scope,
+            max_num_seqs,
+            self.config.batch,
+            event.batch_limit if previous is None else previous,
+        )
+        self._dirty = True
+        if previous == worker.batch.limit:
+            return
+        evidence = PolicyEvidence(
+            reason=(
+                f"engine max_num_seqs {max_num_seqs}: limit {worker.batch.limit} "
+                f"(the worker ran {event.batch_limit})"
+            ),
+            metrics={"reported_batch_limit": event.batch_limit, "in_flight": event.in_flight},
+            thresholds={
+                "max_num_seqs": max_num_seqs,
+                "floor": worker.batch.floor,
+                "cap": worker.batch.cap,
+            },
+        )
+        self._issue_batch(worker, evidence, None if previous is None else str(previous), now)
+
+    def _worker(self, worker_id: str, now: float) -> _Worker:
+        scope = f"worker:{worker_id}"
+        worker = self._workers.get(scope)
+        if worker is None:
+            worker = self._workers[scope] = _Worker(worker_id, self.config)
+            self._monitor.beat(scope, now)
+            evidence = PolicyEvidence(reason=f"worker {worker_id} first seen in pool {self.pool}")
+            self._issue_breaker(scope, BreakerStatus(), evidence, None, now)
+        return worker
+
+    def _forget(self, scope: str) -> None:
+        """A worker that left: no decision about it is re-published any more."""
+        if self._workers.pop(scope, None) is None:
+            return
+        self._monitor.forget(scope)
+        self.inputs.pop(scope, None)
+        for key in [k for k, e in self._in_force.items() if e.scope == scope]:
+            del self._in_force[key]
+        self._dirty = True
+
+    # -- time ------------------------------------------------------------------
+    def tick(self, now: float) -> Output:
+        """Evaluate every scope, detect heartbeat loss, forget workers long lost, and
+        re-publish the decisions in force when due."""
+        now = self._advance(now)
+        for lost in self._monitor.check(now):
+            worker = self._workers[lost.scope]
+            worker.lost_since = now
+            self._breaker_decision(worker.breaker.on_liveness(lost))
+        cfg = self.config
+        for worker in list(self._workers.values()):
+            if worker.lost_since is not None and now - worker.lost_since > cfg.forget_after_s:
+                self._forget(worker.scope)
+                continue
+            readings = breaker_readings(
+                cfg.breaker, now, worker.requests, worker.cpu, worker.gpu_memory
+            )
+            self.inputs[worker.scope] = _values(readings)
+            self._breaker_decision(worker.breaker.evaluate(now, readings))
+        readings = breaker_readings(cfg.breaker, now, self._requests, self._cpu, self._gpu_memory)
+        rungs = degradation_readings(cfg.degradation, now, self._requests, self._gpu_temperature)
+        self.inputs[self.scope] = {
+            **_values(readings),
+            **{f"ladder.{k}": v for k, v in _values(rungs).items()},
+        }
+        self._breaker_decision(self._breaker.evaluate(now, readings))
+        ladder = self._ladder.evaluate(now, rungs)
+        if ladder is not None:
+            previous = describe_degradation(ladder.previous_state)
+            self._issue_degradation(ladder.new_state, ladder.evidence, previous, now)
+        republished: tuple[ControlEvent, ...] = ()
+        if now - self._last_republish >= cfg.republish_s:
+            self._last_republish = now
+            republished = tuple(self._republish(e, now) for e in list(self._in_force.values()))
+        return self._output(republished)
+
+    def _advance(self, now: float) -> float:
+        self._now = max(self._now, now)
+        return self._now
+
+    def _next_seq(self, now: float) -> int:
+        self._seq = max(self._seq + 1, int(now * 1_000_000))
+        return self._seq
+
+    def _output(self, republished: tuple[ControlEvent, ...] = ()) -> Output:
+        changes, self._changes = tuple(self._changes), []
+        return Output(changes=changes, republished=republished)
+
+    # -- events ----------------------------------------------------------------
+    def _emit(self, event: ControlEvent) -> None:
+        self._in_force[event.control_key] = event
+        self._changes.append(event)
+        self._dirty = True
+
+    def _republish(self, event: ControlEvent, now: float) -> ControlEvent:
+        age = max(0.0, now - event.issued_at)
+        update: dict[str, float | int] = {"seq": self._next_seq(now)}
+        if age + self.config.valid_for_s <= MAX_SECONDS:
+            update["valid_for_s"] = age + self.config.valid_for_s
+        else:  # in force for a day: issue it afresh, the wire bounds valid_for_s
+            update.update(issued_at=now, valid_for_s=self.config.valid_for_s)
+        again = event.model_copy(update=update)
+        self._in_force[event.control_key] = again
+        return again
+
+    def _breaker_decision(self, decision: Decision[BreakerStatus] | None) -> None:
+        if decision is not None:
+            previous = describe_breaker(decision.previous_state)
+            self._issue_breaker(
+                decision.scope, decision.new_state, decision.evidence, previous, decision.at
+            )
+
+    def _issue_breaker(
+        self,
+        scope: str,
+        status: BreakerStatus,
+        evidence: PolicyEvidence,
+        previous: str | None,
+        now: float,
+    ) -> None:
+        self._emit(
+            BreakerState(
+                scope=scope,
+                seq=self._next_seq(now),
+                issued_at=now,
+                valid_for_s=self.config.valid_for_s,
+                evidence=wire_evidence(evidence, previous),
+                state=status.circuit.value,
+                level=status.level,
+                tripped=status.tripped,
+                probe_requests=status.probe_requests,
+            )
+        )
+
+    def _issue_degradation(
+        self,
+        status: DegradationStatus,
+        evidence: PolicyEvidence,
+        previous: str | None,
+        now: float,
+    ) -> None:
+        cfg = self.config
+        diverts = status.level >= 1 and self.pool != cfg.small_pool
+        self._emit(
+            DegradationLevel(
+                scope=self.scope,
+                seq=self._next_seq(now),
+                issued_at=now,
+                valid_for_s=cfg.valid_for_s,
+                evidence=wire_evidence(evidence, previous),
+                level=status.level,
+                small_pool=cfg.small_pool if diverts else None,
+                max_tokens_cap=cfg.max_tokens_cap if status.level >= 2 else None,
+            )
+        )
+
+    def _issue_batch(
+        self, worker: _Worker, evidence: PolicyEvidence, previous: str | None, now: float
+    ) -> None:
+        assert worker.batch is not None
+        self._emit(
+            BatchLimit(
+                scope=worker.scope,
+                seq=self._next_seq(now),
+                issued_at=now,
+                valid_for_s=self.config.valid_for_s,
+                evidence=wire_evidence(evidence, previous),
+                worker_id=worker.id,
+                limit=min(1024, worker.batch.limit),
+            )
+        )

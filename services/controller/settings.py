@@ -1,0 +1,65 @@
+"""Controller settings (``SEAWALL_`` environment variables, ``SEAWALL_CONTROLLER_*``).
+
+``controller_time_scale`` multiplies every window and hold of the policies (breaker
+matrix, degradation ladder, the batch limit's minimum interval between changes, the
+half-open probe retry) so that tests and benchmarks see hours of policy in seconds;
+thresholds and sample counts are not scaled. The heartbeat timeout is not a policy
+window: it follows the workers' telemetry interval, so it has its own setting.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from services.common.settings import CommonSettings
+from services.controller.engine import EngineConfig, scaled_config
+
+
+class ControllerSettings(CommonSettings):
+    controller_time_scale: float = Field(default=1.0, gt=0, le=100)
+    controller_tick_s: float = Field(default=1.0, gt=0, le=60)
+    """How often every scope is evaluated (hold timers advance without telemetry too)."""
+    controller_republish_s: float = Field(default=5.0, gt=0, le=3600)
+    """How often the decisions in force are re-published (level-triggered)."""
+    controller_valid_for_s: float = Field(default=60.0, gt=0, le=86_400)
+    """How long a consumer may trust a decision past its last re-publication."""
+    controller_heartbeat_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    controller_forget_after_s: float = Field(default=600.0, gt=0, le=86_400)
+    """A worker lost this long leaves the fleet: its decisions are no longer re-published
+    (consumers drop them once ``valid_for_s`` has passed)."""
+    controller_max_telemetry_age_s: float = Field(default=30.0, gt=0, le=86_400)
+    """Telemetry older than this when read is skipped (a backlog after downtime must not
+    be counted as what happens now)."""
+    controller_batch_sla_ms: float = Field(default=1500.0, gt=0, le=600_000)
+    controller_small_pool: str = Field(default="small", pattern=r"^[A-Za-z0-9._-]+$")
+    """Degradation level 1: where a pool's non-VIP work is diverted."""
+    controller_max_tokens_cap: int = Field(default=512, ge=1, le=32_768)
+    """Degradation level 2: the ``max_tokens`` cap of long requests."""
+    controller_session_timeout_s: float = Field(default=10.0, ge=3, le=300)
+    """Consumer-group session: how soon a crashed controller's partitions move on."""
+
+    @model_validator(mode="after")
+    def _consistent_policy(self) -> Self:
+        self.engine_config()  # raises ValueError, e.g. if decisions would expire between
+        return self  # two re-publications
+
+    @property
+    def app_id(self) -> str:
+        """The faust app id (consumer group, changelog and internal topic names); it
+        carries the topic prefix so that stacks sharing a broker never meet."""
+        return f"{self.topic_prefix}seawall-controller"
+
+    def engine_config(self) -> EngineConfig:
+        return scaled_config(
+            self.controller_time_scale,
+            batch_sla_ms=self.controller_batch_sla_ms,
+            heartbeat_timeout_s=self.controller_heartbeat_timeout_s,
+            republish_s=self.controller_republish_s,
+            valid_for_s=self.controller_valid_for_s,
+            forget_after_s=self.controller_forget_after_s,
+            max_telemetry_age_s=self.controller_max_telemetry_age_s,
+            small_pool=self.controller_small_pool,
+            max_tokens_cap=self.controller_max_tokens_cap,
+        )

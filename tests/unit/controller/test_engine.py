@@ -1,0 +1,487 @@
+"""The controller's pool engine: telemetry in, control events with evidence out, and
+what survives a restart."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Literal
+
+import pytest
+
+from schemas import (
+    BatchLimit,
+    BreakerLevel,
+    BreakerState,
+    ControlEvent,
+    DegradationLevel,
+    EngineLimitsInfo,
+    EngineStats,
+    GpuStats,
+    Priority,
+    RequestCompleted,
+    Tier,
+    WorkerHeartbeat,
+)
+from services.controller.engine import (
+    EngineConfig,
+    Output,
+    PoolEngine,
+    PoolRecord,
+    scaled_config,
+    wire_evidence,
+)
+from services.controller.policy import Evidence as PolicyEvidence
+from services.controller.policy import HeartbeatConfig
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_700_000_000.0
+GIB = 1024**3
+
+
+def request(
+    worker: str, at: float, latency_ms: float = 100.0, error: bool = False, i: int = 0
+) -> RequestCompleted:
+    return RequestCompleted(
+        worker_id=worker,
+        pool="main",
+        request_id=f"r{i}",
+        tenant="acme",
+        priority=Priority.STANDARD,
+        tier=Tier.PRO,
+        queue_wait_ms=1.0,
+        latency_ms=latency_ms,
+        prompt_tokens=10,
+        completion_tokens=10,
+        error="engine_error" if error else None,
+        at=at,
+    )
+
+
+def heartbeat(
+    worker: str, at: float, cpu: float = 20.0, status: Literal["serving", "stopped"] = "serving"
+) -> WorkerHeartbeat:
+    return WorkerHeartbeat(
+        worker_id=worker,
+        pool="main",
+        engine="sim",
+        status=status,
+        in_flight=0,
+        batch_limit=32,
+        host_cpu_pct=cpu,
+        host_memory_pct=30.0,
+        started_at=T0 - 100,
+        at=at,
+    )
+
+
+def engine_stats(
+    worker: str, at: float, batch_limit: int = 32, max_num_seqs: int = 64
+) -> EngineStats:
+    return EngineStats(
+        worker_id=worker,
+        pool="main",
+        engine="sim",
+        running=0,
+        waiting=0,
+        preempted_total=0,
+        kv_cache_usage=0.1,
+        in_flight=0,
+        batch_limit=batch_limit,
+        limits=EngineLimitsInfo(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=8192,
+            block_size=16,
+            kv_capacity_tokens=100_000,
+        ),
+        at=at,
+    )
+
+
+def gpu(worker: str, at: float, temperature_c: float = 60.0, memory_pct: float = 40.0) -> GpuStats:
+    return GpuStats(
+        worker_id=worker,
+        pool="main",
+        gpu_index=0,
+        name="sim",
+        utilization_pct=50.0,
+        memory_used_bytes=int(80 * GIB * memory_pct / 100),
+        memory_total_bytes=80 * GIB,
+        temperature_c=temperature_c,
+        power_w=300.0,
+        power_limit_w=400.0,
+        simulated=True,
+        at=at,
+    )
+
+
+def breaker_states(events: Iterable[ControlEvent], scope: str) -> list[str]:
+    return [e.state for e in events if isinstance(e, BreakerState) and e.scope == scope]
+
+
+def of_kind(
+    events: tuple[ControlEvent, ...], kind: type[ControlEvent], scope: str
+) -> list[ControlEvent]:
+    return [e for e in events if isinstance(e, kind) and e.scope == scope]
+
+
+class Fleet:
+    """One pool engine and a clock; collects every event it emits."""
+
+    def __init__(
+        self, config: EngineConfig | None = None, record: PoolRecord | None = None, now: float = T0
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.now = now
+        self.engine = PoolEngine("main", self.config, now, record)
+        self.events: list[ControlEvent] = []
+
+    def feed(self, *telemetry: object) -> Output:
+        outs = [self.engine.observe(t, self.now) for t in telemetry]  # type: ignore[arg-type]
+        changes = tuple(e for out in outs for e in out.changes)
+        republished = tuple(e for out in outs for e in out.republished)
+        self.events += changes + republished
+        return Output(changes, republished, stale=any(out.stale for out in outs))
+
+    def tick(self, advance: float = 0.0) -> Output:
+        self.now += advance
+        out = self.engine.tick(self.now)
+        self.events += out.events
+        return out
+
+    def serve(
+        self,
+        worker: str,
+        n: int,
+        *,
+        latency_ms: float = 100.0,
+        errors: int = 0,
+        spread_s: float = 1.0,
+    ) -> None:
+        """``n`` requests (the first ``errors`` of them failed) over ``spread_s``."""
+        for i in range(n):
+            self.now += spread_s / n
+            self.feed(request(worker, self.now, latency_ms, error=i < errors, i=i))
+
+
+def test_a_pool_and_a_worker_get_an_explicit_first_state() -> None:
+    fleet = Fleet()
+    out = fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0, batch_limit=100, max_num_seqs=64))
+    keys = [e.control_key for e in out.changes]
+    assert keys == [
+        "breaker/pool:main",
+        "degradation/pool:main",
+        "breaker/worker:w1",
+        "batch_limit/worker:w1",
+    ]
+    assert all(e.issuer == "controller" and e.issued_at == T0 for e in out.changes)
+    _pool_breaker, degradation, worker_breaker, limit = out.changes
+    assert isinstance(worker_breaker, BreakerState)
+    assert worker_breaker.state == "closed"
+    assert isinstance(degradation, DegradationLevel)
+    assert degradation.level == 0
+    assert isinstance(limit, BatchLimit)
+    assert (limit.worker_id, limit.limit) == ("w1", 64)  # the worker's 100, within max_num_seqs
+    assert limit.evidence.thresholds["max_num_seqs"] == 64
+    record = fleet.engine.take_record()
+    assert record is not None
+    assert record.workers == {"w1": 64}
+    assert fleet.engine.take_record() is None  # nothing changed since
+
+
+def test_sequence_numbers_increase_even_when_the_clock_stands_still_or_goes_back() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0), engine_stats("w1", T0))
+    fleet.now -= 50  # the wall clock stepped back
+    fleet.feed(heartbeat("w3", fleet.now))
+    fleet.tick(advance=10)
+    seqs = [e.seq for e in fleet.events]
+    assert seqs == sorted(seqs)
+    assert len(set(seqs)) == len(seqs)
+    assert seqs[0] >= int(T0 * 1_000_000)  # a hybrid clock: microseconds at least
+
+
+def test_latency_above_the_sla_shrinks_the_batch_limit_with_evidence() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0, batch_limit=32))
+    fleet.serve("w1", 40, latency_ms=5_000.0)
+    limits = [e for e in fleet.events if isinstance(e, BatchLimit)]
+    assert [e.limit for e in limits] == [32, 22]  # 32 x 0.7, rounded down
+    shrink = limits[-1]
+    assert (
+        shrink.evidence.metrics["latency_ewma_ms"] > shrink.evidence.thresholds["adjusted_sla_ms"]
+    )
+    assert shrink.evidence.previous == "32"
+    fleet.serve("w1", 40, latency_ms=5_000.0, spread_s=10.0)
+    # one change per min_interval_s (5 s) at most
+    assert [e.limit for e in fleet.events if isinstance(e, BatchLimit)] == [32, 22, 15, 10]
+
+
+def test_errors_trip_the_worker_and_pool_breakers_and_the_ladder() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0))
+    fleet.serve("w1", 40, errors=20)
+    out = fleet.tick()
+    (worker,) = of_kind(out.changes, BreakerState, "worker:w1")
+    (pool,) = of_kind(out.changes, BreakerState, "pool:main")
+    (ladder,) = of_kind(out.changes, DegradationLevel, "pool:main")
+    for breaker in (worker, pool):
+        assert isinstance(breaker, BreakerState)
+        assert (breaker.state, breaker.level, breaker.tripped) == (
+            "open",
+            BreakerLevel.LOG,
+            ("error_rate",),
+        )
+        assert breaker.evidence.metrics["error_rate"] == pytest.approx(0.5)
+        assert breaker.evidence.thresholds["error_rate"] == pytest.approx(0.30)
+        assert breaker.evidence.window_s == 300.0
+        assert breaker.evidence.previous == "closed"
+    assert isinstance(ladder, DegradationLevel)
+    assert (ladder.level, ladder.max_tokens_cap, ladder.small_pool) == (2, 512, "small")
+    assert ladder.evidence.metrics["error_rate"] == pytest.approx(0.5)
+
+
+def test_an_over_temperature_gpu_puts_the_pool_on_level_3() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), gpu("w1", T0, temperature_c=91.0))
+    (ladder,) = of_kind(fleet.tick().changes, DegradationLevel, "pool:main")
+    assert isinstance(ladder, DegradationLevel)
+    assert ladder.level == 3
+    assert ladder.evidence.metrics["gpu_temperature_c"] == 91.0
+    assert ladder.evidence.thresholds["gpu_temperature_c"] == 85.0
+
+
+def test_the_small_pool_is_not_diverted_to_itself() -> None:
+    config = EngineConfig(small_pool="main")
+    fleet = Fleet(config)
+    fleet.feed(heartbeat("w1", T0), gpu("w1", T0, temperature_c=95.0))
+    (ladder,) = of_kind(fleet.tick().changes, DegradationLevel, "pool:main")
+    assert isinstance(ladder, DegradationLevel)
+    assert ladder.level == 3
+    assert ladder.small_pool is None
+
+
+def test_decisions_in_force_are_republished_with_a_new_seq_and_the_same_decision() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0))
+    assert fleet.tick(advance=1.0).republished == ()  # just issued
+    before = dict(fleet.engine.in_force)
+    out = fleet.tick(advance=fleet.config.republish_s)
+    assert out.changes == ()
+    assert sorted(e.control_key for e in out.republished) == sorted(before)
+    for again in out.republished:
+        first = before[again.control_key]
+        assert again.seq > first.seq
+        assert again.issued_at == first.issued_at  # when it was decided
+        assert again.valid_for_s == pytest.approx(fleet.now - first.issued_at + 60.0)
+        same = {"seq", "valid_for_s"}
+        assert again.model_dump(exclude=same) == first.model_dump(exclude=same)
+    assert fleet.tick(advance=1.0).republished == ()  # not due yet
+
+
+def test_a_decision_in_force_for_a_day_is_issued_afresh() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0))
+    fleet.now += 86_400.0
+    fleet.feed(heartbeat("w1", fleet.now))
+    out = fleet.tick()
+    assert out.republished
+    assert all(e.issued_at == fleet.now and e.valid_for_s == 60.0 for e in out.republished)
+
+
+def test_telemetry_older_than_the_max_age_is_skipped() -> None:
+    fleet = Fleet()
+    out = fleet.feed(heartbeat("w1", T0 - 31.0))
+    assert out.stale
+    assert out.changes == ()
+    assert fleet.engine.breakers() == {"pool:main": fleet.engine.breakers()["pool:main"]}
+
+
+def test_heartbeat_loss_isolates_a_worker_until_it_beats_and_passes_its_probes() -> None:
+    config = EngineConfig(heartbeat=HeartbeatConfig(timeout_s=10.0))
+    fleet = Fleet(config)
+    fleet.feed(heartbeat("w1", T0))
+    (lost,) = of_kind(fleet.tick(advance=11.0).changes, BreakerState, "worker:w1")
+    assert isinstance(lost, BreakerState)
+    assert (lost.state, lost.tripped) == ("open", ("heartbeat",))
+    assert lost.evidence.metrics["heartbeat_age_s"] == pytest.approx(11.0)
+    (back,) = of_kind(fleet.feed(heartbeat("w1", fleet.now)).changes, BreakerState, "worker:w1")
+    assert isinstance(back, BreakerState)
+    assert back.state == "half_open"
+    fleet.serve("w1", 3)  # the three probes pass
+    last = of_kind(tuple(fleet.events), BreakerState, "worker:w1")[-1]
+    assert isinstance(last, BreakerState)
+    assert last.state == "closed"
+
+
+def test_a_stopped_worker_is_forgotten_and_no_longer_republished() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0), engine_stats("w1", T0))
+    fleet.feed(heartbeat("w1", T0, status="stopped"))
+    assert fleet.engine.take_record() is not None
+    record = fleet.engine.record()
+    assert set(record.workers) == {"w2"}
+    out = fleet.tick(advance=fleet.config.republish_s)
+    assert {e.scope for e in out.republished} == {"pool:main", "worker:w2"}
+
+
+def test_a_worker_lost_for_long_is_forgotten() -> None:
+    config = EngineConfig(heartbeat=HeartbeatConfig(timeout_s=10.0), forget_after_s=100.0)
+    fleet = Fleet(config)
+    fleet.feed(heartbeat("w1", T0))
+    fleet.tick(advance=11.0)  # lost
+    fleet.tick(advance=50.0)
+    assert "worker:w1" in fleet.engine.breakers()
+    fleet.tick(advance=51.0)
+    assert "worker:w1" not in fleet.engine.breakers()
+    assert all(e.scope != "worker:w1" for e in fleet.engine.in_force.values())
+
+
+def restarted(fleet: Fleet, after_s: float) -> Fleet:
+    """A new engine from the old one's record, as a restarted controller builds it."""
+    record = PoolRecord.model_validate_json(fleet.engine.record().model_dump_json())
+    return Fleet(fleet.config, record, now=fleet.now + after_s)
+
+
+def test_a_restart_republishes_the_decisions_in_force_and_nothing_else() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0))
+    fleet.serve("w1", 40, errors=20)
+    fleet.tick()
+    before = dict(fleet.engine.in_force)
+    again = restarted(fleet, after_s=5.0)
+    out = again.tick()
+    assert out.changes == ()
+    assert {e.control_key: e.seq for e in out.republished}.keys() == before.keys()
+    for event in out.republished:
+        old = before[event.control_key]
+        assert event.seq > max(e.seq for e in before.values())
+        assert event.model_dump(exclude={"seq", "valid_for_s"}) == old.model_dump(
+            exclude={"seq", "valid_for_s"}
+        )
+
+
+def test_a_restarted_breaker_stays_open_while_errors_go_on_and_recovers_in_full() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0))
+    fleet.serve("w1", 40, errors=20)
+    fleet.tick()
+    again = restarted(fleet, after_s=5.0)
+    hold = again.config.breaker.error_rate.recover_hold_s
+    for _ in range(int(hold / 10) * 2):  # twice the recovery hold, errors still coming
+        again.feed(heartbeat("w1", again.now))
+        again.serve("w1", 40, errors=10, spread_s=10.0)
+        again.tick()
+    states = breaker_states(again.events, "worker:w1")
+    assert len(states) > 2
+    assert set(states) == {"open"}
+    # The errors stop; the breaker goes half-open only once the hold has passed.
+    t_healthy = again.now
+    while "half_open" not in breaker_states(again.events, "worker:w1"):
+        again.feed(heartbeat("w1", again.now))
+        again.serve("w1", 40, spread_s=5.0)
+        again.tick()
+        assert again.now - t_healthy < 600, "never recovered"
+    assert again.now - t_healthy >= hold
+
+
+def test_a_restarted_batch_limit_continues_from_its_last_value() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0, batch_limit=32))
+    fleet.serve("w1", 40, latency_ms=5_000.0)
+    assert fleet.engine.batch_limits()["w1"][0] == 22
+    again = restarted(fleet, after_s=5.0)
+    assert again.engine.batch_limits()["w1"] == (22, None)
+    again.feed(engine_stats("w1", again.now, batch_limit=22))  # no jump back to 32
+    again.serve("w1", 40, latency_ms=5_000.0)
+    assert [e.limit for e in again.events if isinstance(e, BatchLimit)] == [15]
+
+
+def test_a_worker_restored_as_lost_stays_lost_until_it_beats() -> None:
+    config = EngineConfig(heartbeat=HeartbeatConfig(timeout_s=10.0))
+    fleet = Fleet(config)
+    fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0))
+    fleet.now += 11.0
+    fleet.feed(heartbeat("w2", fleet.now))
+    fleet.tick()
+    again = restarted(fleet, after_s=3.0)
+    assert again.tick().changes == ()
+    assert again.engine.breakers()["worker:w1"].tripped == ("heartbeat",)
+    assert again.engine.breakers()["worker:w2"].tripped == ()
+    # w2 known from before the restart and silent since: lost after the timeout.
+    assert breaker_states(again.tick(advance=11.0).changes, "worker:w2") == ["open"]
+    back = again.feed(heartbeat("w1", again.now)).changes
+    assert breaker_states(back, "worker:w1") == ["half_open"]
+
+
+def test_a_restarted_ladder_keeps_its_level_until_its_rung_recovers() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), gpu("w1", T0, temperature_c=95.0))
+    fleet.tick()
+    again = restarted(fleet, after_s=2.0)
+    assert again.engine.degradation.level == 3
+    again.feed(gpu("w1", again.now, temperature_c=95.0))
+    assert of_kind(again.tick(advance=1.0).changes, DegradationLevel, "pool:main") == []
+    hold = again.config.degradation.gpu_temperature_c.recover_hold_s
+    cooled_at = again.now
+    while again.engine.degradation.level == 3:
+        again.feed(heartbeat("w1", again.now), gpu("w1", again.now, temperature_c=60.0))
+        again.tick(advance=1.0)
+        assert again.now - cooled_at < 600, "never recovered"
+    # the hot sample leaves the window, then the cool readings must hold in full
+    assert again.now - cooled_at >= hold
+    levels = [e.level for e in again.events if isinstance(e, DegradationLevel)]
+    assert levels[0] == 3
+    assert levels[-1] == 0
+    assert set(levels) == {0, 3}
+
+
+def test_wire_evidence_stays_within_the_schema_bounds() -> None:
+    many = {f"m{i}": float(i) for i in range(40)}
+    evidence = wire_evidence(
+        PolicyEvidence(
+            reason="x" * 600,
+            window_s=1e9,
+            metrics={**many, "bad": math.nan, "n" * 100: 1.0},
+            thresholds={"t": math.inf, "ok": 2.0},
+            hold_s=-5.0,
+        ),
+        previous="p" * 600,
+    )
+    assert len(evidence.reason) == 512
+    assert len(evidence.previous or "") == 512
+    assert evidence.window_s == 86_400.0
+    assert evidence.hold_s == 0.0
+    assert len(evidence.metrics) == 32
+    assert "bad" not in evidence.metrics
+    assert evidence.thresholds == {"ok": 2.0}
+
+
+def test_time_scale_multiplies_every_window_and_hold_but_no_threshold() -> None:
+    config = scaled_config(
+        0.01,
+        batch_sla_ms=300.0,
+        heartbeat_timeout_s=2.0,
+        republish_s=1.0,
+        valid_for_s=10.0,
+        forget_after_s=60.0,
+        max_telemetry_age_s=5.0,
+        small_pool="small",
+        max_tokens_cap=256,
+    )
+    default = EngineConfig()
+    assert config.breaker.error_rate.window_s == pytest.approx(3.0)
+    assert config.breaker.error_rate.recover_hold_s == pytest.approx(1.2)
+    assert config.breaker.error_rate.trip_above == default.breaker.error_rate.trip_above
+    assert config.degradation.latency_p99_ms.trip_hold_s == pytest.approx(3.0)
+    assert config.breaker.probe_retry_s == pytest.approx(0.6)
+    assert config.batch.min_interval_s == pytest.approx(0.05)
+    assert config.batch.sla_ms == 300.0
+    assert config.heartbeat.timeout_s == 2.0  # not a policy window
+    assert config.request_window_s == pytest.approx(3.0)
+
+
+def test_republishing_must_be_more_frequent_than_validity() -> None:
+    with pytest.raises(ValueError, match="republish_s"):
+        EngineConfig(republish_s=60.0, valid_for_s=60.0)

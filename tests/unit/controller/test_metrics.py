@@ -1,0 +1,54 @@
+"""The controller's gauges mirror the engines' states and drop scopes that went away."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+from schemas import TelemetryEvent
+from services.controller.engine import EngineConfig, PoolEngine
+from services.controller.metrics import StateExporter
+from tests.unit.controller.test_engine import T0, engine_stats, gpu, heartbeat, request
+
+pytestmark = pytest.mark.unit
+
+
+def sample(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_states_and_inputs_are_exported_and_ghosts_removed() -> None:
+    engine = PoolEngine("main", EngineConfig(), T0)
+    worker = "metrics-w1"
+    scope = f"worker:{worker}"
+    telemetry: list[TelemetryEvent] = [
+        heartbeat(worker, T0),
+        engine_stats(worker, T0, batch_limit=16),
+        gpu(worker, T0, temperature_c=91.0),
+        *(request(worker, T0, error=True, i=i) for i in range(30)),
+    ]
+    for event in telemetry:
+        engine.observe(event, T0)
+    engine.tick(T0 + 1)
+    exporter = StateExporter()
+    exporter.export([engine])
+
+    limit, ewma = engine.batch_limits()[worker]
+    assert sample("seawall_controller_batch_limit", worker=worker) == limit
+    assert sample("seawall_controller_batch_latency_ewma_ms", worker=worker) == ewma
+    assert sample("seawall_controller_breaker_state", scope=scope) == 2  # open
+    assert sample("seawall_controller_breaker_level", scope=scope) == 1
+    assert sample("seawall_controller_breaker_tripped", scope=scope, cause="error_rate") == 1
+    assert sample("seawall_controller_degradation_level", scope="pool:main") == 3
+    assert sample("seawall_controller_signal", scope=scope, signal="error_rate") == 1.0
+    assert (
+        sample("seawall_controller_signal", scope="pool:main", signal="ladder.gpu_temperature_c")
+        == 91.0
+    )
+
+    engine.observe(heartbeat(worker, T0 + 2, status="stopped"), T0 + 2)
+    exporter.export([engine])
+    assert sample("seawall_controller_batch_limit", worker=worker) is None
+    assert sample("seawall_controller_breaker_state", scope=scope) is None
+    assert sample("seawall_controller_signal", scope=scope, signal="error_rate") is None
+    assert sample("seawall_controller_breaker_state", scope="pool:main") == 2

@@ -1,0 +1,28 @@
+"""Controller settings from the environment, scaled into the policies."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.controller.settings import ControllerSettings
+
+pytestmark = pytest.mark.unit
+
+
+def test_environment_scales_the_policies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEAWALL_TOPIC_PREFIX", "t1.")
+    monkeypatch.setenv("SEAWALL_CONTROLLER_TIME_SCALE", "0.1")
+    monkeypatch.setenv("SEAWALL_CONTROLLER_BATCH_SLA_MS", "250")
+    monkeypatch.setenv("SEAWALL_CONTROLLER_SMALL_POOL", "tiny")
+    settings = ControllerSettings()
+    config = settings.engine_config()
+    assert settings.app_id == "t1.seawall-controller"  # stacks sharing a broker never meet
+    assert config.breaker.latency_p99_ms.recover_hold_s == pytest.approx(30.0)
+    assert config.batch.sla_ms == 250.0
+    assert config.small_pool == "tiny"
+
+
+def test_decisions_must_not_expire_between_republications() -> None:
+    with pytest.raises(ValidationError, match="re-publications"):
+        ControllerSettings(controller_republish_s=60.0, controller_valid_for_s=30.0)
