@@ -84,6 +84,31 @@ def sim_serve(
     )
 
 
+@app.command()
+def events(
+    scope: Annotated[
+        str | None, typer.Option(help="Only this scope; a glob such as 'worker:*' or 'pool:main'.")
+    ] = None,
+    kind: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this kind: breaker, degradation, batch_limit, traffic_split, "
+            "region_throttle, quota_override."
+        ),
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new decisions until Ctrl-C.")
+    ] = False,
+) -> None:
+    """Show the controller's decisions with their evidence, then the decisions in force."""
+    from rich.console import Console
+
+    from seawall.events import run_events
+    from services.common.settings import CommonSettings
+
+    raise typer.Exit(run_events(CommonSettings(), scope, kind, follow, Console()))
+
+
 @app.command("export-schemas")
 def export_schemas(
     check: Annotated[
