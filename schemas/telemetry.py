@@ -47,6 +47,11 @@ class EngineLimitsInfo(Wire):
     max_num_batched_tokens: int = Field(ge=1, le=10_000_000)
     block_size: int = Field(ge=1, le=1024)
     kv_capacity_tokens: int = Field(ge=0, le=1_000_000_000)
+    gpu_memory_utilization: Fraction = 0.0
+    """The share of GPU memory the engine reserves when it starts (vLLM preallocates it
+    for weights and the KV cache); 0 when unknown. The controller's GPU-memory breaker
+    measures use of the headroom beyond it, not raw use, which sits at this share on a
+    healthy vLLM."""
 
 
 class EngineStats(Message):
@@ -89,14 +94,6 @@ class GpuStats(Message):
     )
     simulated: bool
     at: Timestamp
-
-    @property
-    def memory_pct(self) -> float:
-        return (
-            100.0 * self.memory_used_bytes / self.memory_total_bytes
-            if self.memory_total_bytes
-            else 0.0
-        )
 
 
 class WorkerHeartbeat(Message):

@@ -256,6 +256,23 @@ def _values(readings: Mapping[K, Reading | None]) -> dict[str, float]:
     return out
 
 
+def memory_headroom_pct(used_bytes: int, total_bytes: int, reserved: float) -> float:
+    """GPU memory in use beyond the engine's reservation, as a percentage of the rest.
+
+    vLLM allocates ``gpu_memory_utilization`` of the board (weights and the whole KV
+    cache) when it starts, so raw use sits at 85-90 % on a healthy worker and the
+    breaker's GPU-memory row (trip above 85 %, emergency restart) would fire forever.
+    Measured against the headroom instead, a healthy engine reads 0 % and a leak climbs
+    to 100 % as it eats what is left of the board. ``reserved`` 0 (unknown) is raw use.
+    """
+    if total_bytes <= 0:
+        return 0.0
+    used = used_bytes / total_bytes
+    if reserved >= 1.0:
+        return 100.0 if used > 1.0 else 0.0
+    return 100.0 * min(1.0, max(0.0, (used - reserved) / (1.0 - reserved)))
+
+
 class _Worker:
     def __init__(self, worker_id: str, config: EngineConfig) -> None:
         self.id = worker_id
@@ -267,6 +284,8 @@ class _Worker:
         self.batch: AdaptiveBatchLimit | None = None
         self.max_num_seqs: int | None = None
         self.lost_since: float | None = None
+        self.memory_reserved = 0.0
+        """The engine's ``gpu_memory_utilization``, from its ``EngineStats``."""
 
 
 class PoolEngine:
@@ -392,8 +411,11 @@ class PoolEngine:
         elif isinstance(event, EngineStats):
             self._on_engine_stats(worker, event, now)
         elif isinstance(event, GpuStats):
-            worker.gpu_memory.record(now, event.memory_pct)
-            self._gpu_memory.record(now, event.memory_pct)
+            headroom = memory_headroom_pct(
+                event.memory_used_bytes, event.memory_total_bytes, worker.memory_reserved
+            )
+            worker.gpu_memory.record(now, headroom)
+            self._gpu_memory.record(now, headroom)
             self._gpu_temperature.record(now, event.temperature_c)
         else:
             worker.cpu.record(now, event.host_cpu_pct)
@@ -416,6 +438,7 @@ class PoolEngine:
             self._breaker_decision(breaker.record_probe(now, ok))
 
     def _on_engine_stats(self, worker: _Worker, event: EngineStats, now: float) -> None:
+        worker.memory_reserved = event.limits.gpu_memory_utilization
         max_num_seqs = event.limits.max_num_seqs
         if worker.batch is not None and worker.max_num_seqs == max_num_seqs:
             return

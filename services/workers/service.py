@@ -509,6 +509,7 @@ class Worker(Component):
                     max_num_batched_tokens=lim.max_num_batched_tokens,
                     block_size=lim.block_size,
                     kv_capacity_tokens=lim.kv_capacity_tokens,
+                    gpu_memory_utilization=lim.gpu_memory_utilization,
                 ),
                 at=now,
             )

@@ -506,10 +506,10 @@ class SimCore:
     def gpu_reading(self, now: float, index: int = 0) -> GpuReading:
         """The GPU as the load would show it on NVML; see the module docstring.
 
-        Memory counts the KV blocks in use (vLLM reserves the whole pool up front, so a
-        real board shows it full from the start; the in-use figure is what the memory
-        breaker can act on), utilization the busy share of the last second of steps,
-        temperature and power rise linearly with utilization.
+        Memory is what vLLM holds: the weights, the runtime reserve and the whole KV pool,
+        all allocated at start (so a healthy engine shows ``gpu_memory_utilization`` of
+        the board), plus any leak; utilization is the busy share of the last second of
+        steps; temperature and power rise linearly with utilization.
         """
         self._check_alive(now)
         gpu = self.config.gpu
@@ -546,12 +546,12 @@ class SimCore:
 
     def _memory_used(self, now: float) -> int:
         config = self.config
-        kv_used = (self._blocks_total - self._blocks_free) * config.block_size
+        kv_pool = self._blocks_total * config.block_size
         leak = config.faults.memory_leak_mb_per_s * MIB * max(0.0, now - self._start)
         return int(
             config.model.weight_bytes
             + RUNTIME_RESERVE_BYTES
-            + kv_used * kv_bytes_per_token(config.model)
+            + kv_pool * kv_bytes_per_token(config.model)
             + leak
         )
 

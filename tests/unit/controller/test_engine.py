@@ -28,6 +28,7 @@ from services.controller.engine import (
     Output,
     PoolEngine,
     PoolRecord,
+    memory_headroom_pct,
     scaled_config,
     wire_evidence,
 )
@@ -77,7 +78,11 @@ def heartbeat(
 
 
 def engine_stats(
-    worker: str, at: float, batch_limit: int = 32, max_num_seqs: int = 64
+    worker: str,
+    at: float,
+    batch_limit: int = 32,
+    max_num_seqs: int = 64,
+    gpu_memory_utilization: float = 0.0,
 ) -> EngineStats:
     return EngineStats(
         worker_id=worker,
@@ -94,6 +99,7 @@ def engine_stats(
             max_num_batched_tokens=8192,
             block_size=16,
             kv_capacity_tokens=100_000,
+            gpu_memory_utilization=gpu_memory_utilization,
         ),
         at=at,
     )
@@ -250,6 +256,37 @@ def test_an_over_temperature_gpu_puts_the_pool_on_level_3() -> None:
     assert ladder.level == 3
     assert ladder.evidence.metrics["gpu_temperature_c"] == 91.0
     assert ladder.evidence.thresholds["gpu_temperature_c"] == 85.0
+
+
+@pytest.mark.parametrize(
+    ("used", "reserved", "pct"),
+    [
+        (0.90, 0.90, 0.0),
+        (0.80, 0.90, 0.0),
+        (0.95, 0.90, 50.0),
+        (1.0, 0.90, 100.0),
+        (0.40, 0.0, 40.0),
+    ],
+)
+def test_gpu_memory_is_measured_against_the_headroom(
+    used: float, reserved: float, pct: float
+) -> None:
+    assert memory_headroom_pct(int(used * 80 * GIB), 80 * GIB, reserved) == pytest.approx(pct)
+
+
+def test_vllm_preallocation_does_not_trip_the_memory_breaker_but_a_leak_does() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0, gpu_memory_utilization=0.9))
+    fleet.feed(gpu("w1", T0, memory_pct=90.0))  # a healthy vLLM: its whole reservation
+    fleet.tick()
+    assert breaker_states(fleet.events, "worker:w1") == ["closed"]
+    for _ in range(40):  # a leak ate 90 % of the rest, for longer than the row's window
+        fleet.feed(heartbeat("w1", fleet.now), gpu("w1", fleet.now, memory_pct=99.0))
+        fleet.tick(1.0)
+    (breaker,) = of_kind(fleet.events, BreakerState, "worker:w1")[-1:]
+    assert isinstance(breaker, BreakerState)
+    assert breaker.state == "open"
+    assert breaker.level == BreakerLevel.EMERGENCY
 
 
 def test_the_small_pool_is_not_diverted_to_itself() -> None:
