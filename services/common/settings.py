@@ -11,6 +11,9 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_BROKER = "127.0.0.1:9092"
+#: Written by ``seawall up`` while it runs: how to reach its stack. Commands run beside
+#: it (``seawall keys``, ``seawall events``, …) read it; the environment wins over it.
+STACK_ENV_FILE = os.environ.get("SEAWALL_ENV_FILE", ".seawall/stack.env")
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -19,7 +22,9 @@ def default_instance_id() -> str:
 
 
 class CommonSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SEAWALL_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="SEAWALL_", extra="ignore", frozen=True, env_file=STACK_ENV_FILE
+    )
 
     kafka_bootstrap: str = DEFAULT_BROKER
     kafka_idempotence: bool = True
