@@ -31,6 +31,27 @@ def topics_of(settings: CommonSettings) -> Topics:
     return Topics(settings.topic_prefix, settings.topic_partitions, settings.pools)
 
 
+class Producer(AIOKafkaProducer):  # type: ignore[misc]
+    """aiokafka's producer, keeping every topic it writes to in its metadata.
+
+    aiokafka refreshes metadata only for the topics its client tracks, and tracks a
+    topic only if it was missing from the metadata when first written to. A topic known
+    from the start-up metadata (a dispatch topic, say) is then dropped by the first
+    refresh made for a new topic (a client's new reply topic), and batches waiting for
+    it stall until they expire with ``NotLeaderForPartitionError``.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._tracked: set[str] = set()
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic not in self._tracked:
+            self._tracked.add(topic)
+            self.client.add_topic(topic)
+        return await super().send(topic, *args, **kwargs)
+
+
 def make_producer(settings: CommonSettings, **overrides: Any) -> AIOKafkaProducer:
     options: dict[str, Any] = {
         "bootstrap_servers": settings.kafka_bootstrap,
@@ -41,7 +62,7 @@ def make_producer(settings: CommonSettings, **overrides: Any) -> AIOKafkaProduce
         "request_timeout_ms": 15_000,
     }
     options.update(overrides)
-    return AIOKafkaProducer(**options)
+    return Producer(**options)
 
 
 def make_consumer(
