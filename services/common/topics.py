@@ -101,6 +101,10 @@ class RedisKeys:
     def session(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}"
 
+    def reservation(self, tenant: str, request_id: str) -> str:
+        """Tokens admission reserved for a request, until its completion corrects them."""
+        return f"{self.prefix}reservation:{{{tenant}}}:{request_id}"
+
     def abort(self, request_id: str) -> str:
         """Set (with a TTL) by ingress when a request's client went away; admission
         checks it before dispatching and answers the request as ``cancelled``."""

@@ -1,0 +1,41 @@
+"""Admission's Prometheus metrics. The control state's age is
+``seawall_control_state_age_seconds`` (``services.common.control``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+DECISIONS = Counter(
+    "seawall_admission_decisions_total",
+    "Final decisions per request: admitted, degraded, rejected, expired, dead_letter",
+    ["outcome", "reason", "priority"],
+)
+DISPATCHES = Counter(
+    "seawall_admission_dispatches_total", "Requests dispatched, by pool", ["pool", "priority"]
+)
+BACKLOG = Gauge(
+    "seawall_admission_backlog_requests",
+    "Accepted requests waiting for a dispatch slot, by the class they wait in",
+    ["priority"],
+)
+POOL_FREE = Gauge(
+    "seawall_admission_pool_free_slots", "Free dispatch slots per pool (the pacing rule)", ["pool"]
+)
+POOL_SLOTS = Gauge(
+    "seawall_admission_pool_slots", "Batch slots of the pool's live workers, paced", ["pool"]
+)
+QUOTA_LATENCY = Histogram(
+    "seawall_admission_quota_seconds",
+    "One round trip of pipelined quota decisions",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+QUOTA_STORE_ERRORS = Counter(
+    "seawall_admission_quota_store_errors_total",
+    "Quota-store calls that failed (the per-tier Redis-down policy decided instead)",
+    ["operation"],
+)
+CORRECTIONS = Counter(
+    "seawall_admission_token_corrections_total",
+    "Token reservations settled: corrected at completion, refunded, or not found",
+    ["outcome"],
+)

@@ -1,0 +1,459 @@
+"""The per-request decisions of admission (pure: no Kafka, no Redis; time is ``now``).
+
+A request meets the policy three times:
+
+1. ``screen`` when it is read: the checks that cost no quota. Past its deadline →
+   ``expired``; an unknown pool → rejected; its destination pool's breaker refusing
+   new work, its region blocked, or its tenant blocked by a quota override → rejected
+   at once. Otherwise it yields the quota charges to make: the tenant's bucket (tier
+   config, quota override applied; tokens reserved as prompt + ``max_tokens``) and, for
+   a throttled region, the region's bucket.
+2. ``judge`` with the quota decisions: over quota → rejected with the rate-limit figures;
+   otherwise accepted into its class's backlog. A pro request paid from its burst level
+   is *quota-degraded*: admitted, but it waits, and is routed, as the class below its
+   own (standard → bulk).
+3. ``release`` when the scheduler picks it for dispatch, with the control state in force
+   then: cancelled (the client's abort marker, checked at this last moment; status
+   ``rejected``, reason ``cancelled``) or expired while waiting → terminal reply, and
+   no GPU time; a breaker refusing → rejected; else the ``DispatchedRequest`` with its
+   ``Degradation``.
+
+Decision table (control state read per pool: the ``pool:<name>`` scope, else ``fleet``).
+
+Tiers: basic — strict bucket, over quota → rejected (``quota_exceeded``); pro —
+within baseline admitted, from the burst level admitted quota-degraded, beyond →
+rejected; enterprise — its own bucket, always dispatched to ``enterprise_pool``.
+Redis unreachable (``quota.on_redis_down``): enterprise admitted, pro admitted
+quota-degraded, basic rejected (``quota_unavailable``, ``Retry-After``).
+
+Breaker (the destination pool's, when its state is not ``closed``): level 1 log — no
+change (the service logs each change); level 2 rate limit — the pool is paced to
+``rate_limit_factor`` of its batch slots; level 3 reject new and level 4 (emergency:
+the pool's workers restart, the pool drains) — every request for the pool rejected
+(``breaker_open``, ``Retry-After``); half-open at level 3+ lets ``probe_requests``
+requests through per event (per admission instance), so that the controller sees the
+probes it needs to close the circuit.
+
+Degradation ladder (the requested pool's level; cumulative, as the controller issues
+it): 1 — non-VIP classes are diverted to the small pool (``diverted_from``); 2 — also,
+long requests (``max_tokens`` above the cap; shorter ones are untouched) are capped
+(``max_tokens_cap``); 3 — everyone gets the static reply (``static_reply``; no GPU time,
+no diversion). ``Degradation.level`` is the highest rung applied to the request.
+
+Region throttle (``RegionThrottle`` for ``request.client.region``): a shared bucket of
+``rate_per_s`` requests per second, one second deep (at least one request); rate 0
+blocks the region; over it → rejected (``region_throttled``). Quota override
+(``QuotaOverride`` for the tenant, until ``expires_at``): ``requests_per_s`` and
+``tokens_per_s`` replace the baseline rates, ``burst`` the depth of the requests
+bucket; a 0 blocks the tenant.
+
+Control events are trusted until replaced: if the controller falls silent the last
+known state stays in force (its age is a metric, ``seawall_control_state_age_seconds``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+from urllib.parse import quote
+
+from schemas import (
+    BreakerLevel,
+    BreakerState,
+    Degradation,
+    DegradationLevel,
+    DispatchedRequest,
+    InferenceReply,
+    InferenceRequest,
+    Priority,
+    QuotaOverride,
+    RateLimitInfo,
+    ReasonCode,
+    RegionThrottle,
+    ReplyStatus,
+    Tier,
+)
+from services.admission.bucket import Limit, QuotaDecision, TierConfig
+from services.admission.quota import QuotaRequest
+from services.common.control import ControlState
+from services.common.tokenizer import count_tokens
+
+E = TypeVar("E", BreakerState, DegradationLevel)
+
+#: Where a quota-degraded request waits: one class lower.
+DEMOTED: Mapping[Priority, Priority] = {
+    Priority.VIP: Priority.STANDARD,
+    Priority.STANDARD: Priority.BULK,
+    Priority.BULK: Priority.BULK,
+}
+_RUNG_REASONS: Mapping[int, ReasonCode] = {
+    1: ReasonCode.DEGRADED_SMALL_MODEL,
+    2: ReasonCode.DEGRADED_TRUNCATED,
+    3: ReasonCode.DEGRADED_STATIC,
+}
+_WIRE_MAX_SECONDS = 86_400
+_REGION_TOKENS = Limit(1.0, 1.0)
+"""The region bucket's (unused) tokens dimension: region throttles count requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    tiers: Mapping[Tier, TierConfig]
+    pools: tuple[str, ...] = ("main", "small")
+    small_pool: str = "small"
+    enterprise_pool: str = "main"
+    max_tokens_cap: int = 512
+    rate_limit_factor: float = 0.5
+    breaker_retry_after_s: float = 5.0
+    quota_retry_after_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A terminal reply instead of a dispatch."""
+
+    reply: InferenceReply
+
+
+@dataclass(frozen=True, slots=True)
+class Screened:
+    """Passed the free checks; these quota charges decide the rest."""
+
+    pool: str
+    """The pool asked for (the enterprise pool for the enterprise tier)."""
+    tenant: QuotaRequest
+    region: QuotaRequest | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """Within quota; waits in ``cls``'s backlog for a dispatch slot."""
+
+    pool: str
+    cls: Priority
+    quota_degraded: bool
+    reserved_tokens: float
+    """Tokens charged to the tenant's bucket, to correct at completion (0: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    dispatch: DispatchedRequest
+    reason: ReasonCode
+    """What admission changed (``none``: nothing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolGate:
+    """What a pool's breaker lets through now."""
+
+    refuse: bool = False
+    factor: float = 1.0
+    """The share of the pool's batch slots to fill."""
+    level: BreakerLevel = BreakerLevel.NONE
+    probes_left: int | None = None
+    """Half-open: how many more requests may pass; ``None``: no such limit."""
+
+
+def prompt_tokens(request: InferenceRequest) -> int:
+    """The prompt's size for the reservation (corrected from the worker's count later)."""
+    if request.prompt is not None:
+        return count_tokens(request.prompt)
+    assert request.messages is not None
+    return sum(count_tokens(m.content) for m in request.messages)
+
+
+def region_bucket(region: str) -> str:
+    """The quota-store name of a region's bucket (quoted: no braces, no collisions)."""
+    return f"region:{quote(region, safe='')}"
+
+
+def is_expired(request: InferenceRequest, now: float) -> bool:
+    return request.deadline_at is not None and now >= request.deadline_at
+
+
+def retry_only(seconds: float) -> RateLimitInfo:
+    """Rate-limit fields of a rejection no quota figure applies to: only the retry hint."""
+    s = min(float(max(1, math.ceil(seconds))), _WIRE_MAX_SECONDS)
+    return RateLimitInfo(limit=0, remaining=0, reset_s=s, retry_after_s=s)
+
+
+def terminal(
+    request: InferenceRequest,
+    status: ReplyStatus,
+    reason: ReasonCode,
+    message: str,
+    now: float,
+    rate_limit: RateLimitInfo | None = None,
+) -> Reply:
+    return Reply(
+        InferenceReply(
+            request_id=request.request_id,
+            status=status,
+            reason=reason,
+            message=message,
+            rate_limit=rate_limit,
+            completed_at=now,
+        )
+    )
+
+
+def _scoped(control: ControlState, kind: type[E], pool: str) -> E | None:
+    """A pool's own decision, else the fleet-wide one."""
+    return control.get(kind, f"pool:{pool}") or control.get(kind, "fleet")
+
+
+def region_throttle(control: ControlState, region: str) -> RegionThrottle | None:
+    """The throttle in force for a region (the latest issued, if several scopes name it)."""
+    if not region:
+        return None
+    found = [t for t in control.all(RegionThrottle) if t.region == region]
+    latest = max(found, key=lambda t: (t.issued_at, t.seq), default=None)
+    return latest if latest is not None and latest.rate_per_s is not None else None
+
+
+def quota_override(control: ControlState, tenant: str, now: float) -> QuotaOverride | None:
+    found = [
+        o
+        for o in control.all(QuotaOverride)
+        if o.tenant == tenant and (o.expires_at is None or now < o.expires_at)
+    ]
+    return max(found, key=lambda o: (o.issued_at, o.seq), default=None)
+
+
+def overridden(base: TierConfig, override: QuotaOverride | None) -> TierConfig | None:
+    """The tenant's effective bucket config; ``None`` when the override blocks it."""
+    if override is None:
+        return base
+    values = (override.requests_per_s, override.tokens_per_s, override.burst)
+    if any(v == 0 for v in values):
+        return None
+    requests = dataclasses.replace(
+        base.requests,
+        rate=override.requests_per_s or base.requests.rate,
+        capacity=override.burst or base.requests.capacity,
+    )
+    tokens = dataclasses.replace(base.tokens, rate=override.tokens_per_s or base.tokens.rate)
+    return TierConfig(base.tier, requests, tokens)
+
+
+class AdmissionPolicy:
+    """The three decisions, plus the half-open probe budget (the only state kept)."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+        self._probes_used: dict[str, tuple[int, int]] = {}
+        """Breaker control key → (seq of the half-open event, probes let through)."""
+
+    # -- routing -------------------------------------------------------------------
+    def requested_pool(self, request: InferenceRequest) -> str:
+        if request.tier is Tier.ENTERPRISE:
+            return self.config.enterprise_pool
+        return request.pool
+
+    def destination(self, pool: str, cls: Priority, control: ControlState) -> str:
+        """Where the work of class ``cls`` for ``pool`` goes now (level 1 diverts)."""
+        event = _scoped(control, DegradationLevel, pool)
+        if event is None or event.level not in (1, 2) or cls is Priority.VIP:
+            return pool
+        target = event.small_pool or self.config.small_pool
+        return target if target in self.config.pools else pool
+
+    def route(
+        self, pool: str, cls: Priority, request: InferenceRequest, control: ControlState
+    ) -> tuple[str, int, Degradation]:
+        """Destination pool, rung applied and degradation for a request of ``pool``."""
+        event = _scoped(control, DegradationLevel, pool)
+        if event is None or event.level == 0:
+            return pool, 0, Degradation()
+        if event.level >= 3:
+            return pool, 3, Degradation(level=3, static_reply=True)
+        dest = self.destination(pool, cls, control)
+        rung = 1 if dest != pool else 0
+        cap: int | None = None
+        limit = event.max_tokens_cap or self.config.max_tokens_cap
+        if event.level >= 2 and request.sampling.max_tokens > limit:
+            rung, cap = 2, limit
+        diverted_from = pool if dest != pool else None
+        return dest, rung, Degradation(level=rung, diverted_from=diverted_from, max_tokens_cap=cap)
+
+    def gate(self, pool: str, control: ControlState) -> PoolGate:
+        breaker = _scoped(control, BreakerState, pool)
+        if breaker is None or breaker.state == "closed":
+            return PoolGate()
+        level = breaker.level
+        if level >= BreakerLevel.REJECT_NEW:
+            if breaker.state == "open":
+                return PoolGate(refuse=True, level=level)
+            seq, used = self._probes_used.get(breaker.control_key, (breaker.seq, 0))
+            left = breaker.probe_requests - (used if seq == breaker.seq else 0)
+            return PoolGate(refuse=left <= 0, level=level, probes_left=max(0, left))
+        factor = self.config.rate_limit_factor if level == BreakerLevel.RATE_LIMIT else 1.0
+        return PoolGate(factor=factor, level=level)
+
+    def _spend_probe(self, pool: str, control: ControlState) -> None:
+        breaker = _scoped(control, BreakerState, pool)
+        assert breaker is not None
+        seq, used = self._probes_used.get(breaker.control_key, (breaker.seq, 0))
+        used = used + 1 if seq == breaker.seq else 1
+        self._probes_used[breaker.control_key] = (breaker.seq, used)
+
+    def tenant_config(
+        self, tenant: str, tier: Tier, control: ControlState, now: float
+    ) -> TierConfig | None:
+        """The tenant's bucket config with its quota override; ``None``: blocked."""
+        return overridden(self.config.tiers[tier], quota_override(control, tenant, now))
+
+    # -- 1. on reading ---------------------------------------------------------------
+    def screen(
+        self, request: InferenceRequest, cls: Priority, control: ControlState, now: float
+    ) -> Reply | Screened:
+        early = self._terminal(request, now, cancelled=False)
+        if early is not None:
+            return early
+        pool = self.requested_pool(request)
+        if pool not in self.config.pools:
+            return terminal(
+                request,
+                ReplyStatus.REJECTED,
+                ReasonCode.INVALID_REQUEST,
+                f"no such pool {pool!r}",
+                now,
+            )
+        dest = self.destination(pool, cls, control)
+        if self.gate(dest, control).refuse:
+            return self._breaker_open(request, dest, now)
+        region: QuotaRequest | None = None
+        throttle = region_throttle(control, request.client.region)
+        if throttle is not None:
+            rate = throttle.rate_per_s
+            assert rate is not None
+            if rate == 0:
+                return terminal(
+                    request,
+                    ReplyStatus.REJECTED,
+                    ReasonCode.REGION_THROTTLED,
+                    "requests from this region are suspended",
+                    now,
+                    retry_only(self.config.quota_retry_after_s),
+                )
+            region_config = TierConfig(Tier.BASIC, Limit(max(1.0, rate), rate), _REGION_TOKENS)
+            region = QuotaRequest(region_bucket(request.client.region), region_config, 1, 0)
+        config = self.tenant_config(request.tenant, request.tier, control, now)
+        if config is None:
+            return terminal(
+                request,
+                ReplyStatus.REJECTED,
+                ReasonCode.QUOTA_EXCEEDED,
+                "the tenant's quota is suspended",
+                now,
+                retry_only(self.config.quota_retry_after_s),
+            )
+        tokens = prompt_tokens(request) + request.sampling.max_tokens
+        return Screened(pool, QuotaRequest(request.tenant, config, 1, tokens), region)
+
+    # -- 2. with the quota decisions ----------------------------------------------------
+    def judge(
+        self,
+        request: InferenceRequest,
+        cls: Priority,
+        screened: Screened,
+        now: float,
+        tenant: QuotaDecision | None,
+        region: QuotaDecision | None = None,
+    ) -> Reply | Accepted:
+        """``tenant`` may be ``None`` only when the region refused (its tenant was then
+        not charged); ``region`` is ``None`` when there was no region bucket to charge."""
+        if region is not None and not region.allowed:
+            return terminal(
+                request,
+                ReplyStatus.REJECTED,
+                ReasonCode.REGION_THROTTLED,
+                "too many requests from this region",
+                now,
+                region.rate_limit_info() or retry_only(region.retry_after_s),
+            )
+        if tenant is None:
+            raise ValueError("a tenant decision is needed unless the region refused")
+        if not tenant.allowed:
+            if tenant.reason == "quota_unavailable":
+                reason, message = ReasonCode.QUOTA_UNAVAILABLE, "quota store unavailable"
+            elif tenant.reason == "cost_exceeds_capacity":
+                reason, message = ReasonCode.QUOTA_EXCEEDED, "the request exceeds the quota"
+            else:
+                reason, message = ReasonCode.QUOTA_EXCEEDED, "quota exceeded"
+            return terminal(
+                request,
+                ReplyStatus.REJECTED,
+                reason,
+                message,
+                now,
+                tenant.rate_limit_info() or retry_only(tenant.retry_after_s),
+            )
+        degraded = tenant.outcome == "degrade"
+        reserved = 0.0 if tenant.reason == "quota_unavailable" else screened.tenant.tokens
+        return Accepted(screened.pool, DEMOTED[cls] if degraded else cls, degraded, reserved)
+
+    # -- 3. at dispatch ---------------------------------------------------------------
+    def release(
+        self,
+        request: InferenceRequest,
+        cls: Priority,
+        accepted: Accepted,
+        control: ControlState,
+        now: float,
+        cancelled: bool = False,
+    ) -> Reply | Admit:
+        early = self._terminal(request, now, cancelled)
+        if early is not None:
+            return early
+        dest, rung, degradation = self.route(accepted.pool, cls, request, control)
+        gate = self.gate(dest, control)
+        if gate.refuse:
+            return self._breaker_open(request, dest, now)
+        if gate.probes_left is not None:
+            self._spend_probe(dest, control)
+        if accepted.quota_degraded:
+            degradation = degradation.model_copy(update={"quota_degraded": True})
+        if rung:
+            reason = _RUNG_REASONS[rung]
+        else:
+            reason = ReasonCode.QUOTA_DEGRADED if accepted.quota_degraded else ReasonCode.NONE
+        dispatch = DispatchedRequest(
+            request=request, pool=dest, degradation=degradation, admitted_at=now
+        )
+        return Admit(dispatch, reason)
+
+    # -- shared ---------------------------------------------------------------------
+    @staticmethod
+    def _terminal(request: InferenceRequest, now: float, cancelled: bool) -> Reply | None:
+        if cancelled:
+            return terminal(
+                request,
+                ReplyStatus.REJECTED,
+                ReasonCode.CANCELLED,
+                "cancelled by the client before dispatch",
+                now,
+            )
+        if is_expired(request, now):
+            return terminal(
+                request,
+                ReplyStatus.EXPIRED,
+                ReasonCode.DEADLINE_EXCEEDED,
+                "the deadline passed before dispatch",
+                now,
+            )
+        return None
+
+    def _breaker_open(self, request: InferenceRequest, pool: str, now: float) -> Reply:
+        return terminal(
+            request,
+            ReplyStatus.REJECTED,
+            ReasonCode.BREAKER_OPEN,
+            f"pool {pool!r} is not taking new requests",
+            now,
+            retry_only(self.config.breaker_retry_after_s),
+        )

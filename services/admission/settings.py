@@ -1,0 +1,146 @@
+"""Admission settings (``SEAWALL_`` environment variables).
+
+Tier quotas default to ``bucket.DEFAULT_TIERS``; any part of them may be overridden,
+either leaf by leaf (``SEAWALL_QUOTA_BASIC__REQUESTS__CAPACITY=5``) or as JSON
+(``SEAWALL_QUOTA_PRO='{"tokens": {"rate": 20000}}'``); what is not given keeps its
+default.
+
+Pools. ``small_pool`` is where degradation level 1 diverts non-VIP work when the
+controller's event names no pool. ``enterprise_pool`` is the enterprise tier's dedicated
+pool: every enterprise request goes there whatever pool it asked for. It defaults to
+``main`` because the default fleet has only ``main`` and ``small``; a fleet that gives
+enterprise tenants their own GPUs sets it to that pool (and lists it in
+``SEAWALL_POOLS``). Both must be among ``pools``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from schemas import Tier
+from services.admission.bucket import DEFAULT_TIERS, Limit, TierConfig
+from services.common.settings import CommonSettings
+
+
+class LimitSettings(BaseModel):
+    """One dimension's bucket (see ``bucket.Limit``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    capacity: float = Field(gt=0, le=1e12)
+    rate: float = Field(gt=0, le=1e12)
+    burst_capacity: float = Field(default=0.0, ge=0, le=1e12)
+    burst_rate: float = Field(default=0.0, ge=0, le=1e12)
+
+    def limit(self) -> Limit:
+        return Limit(self.capacity, self.rate, self.burst_capacity, self.burst_rate)
+
+
+class TierQuotaSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    requests: LimitSettings
+    tokens: LimitSettings
+
+
+def _default_quota(tier: Tier) -> dict[str, dict[str, float]]:
+    cfg = DEFAULT_TIERS[tier]
+    return {
+        dim: {
+            "capacity": lim.capacity,
+            "rate": lim.rate,
+            "burst_capacity": lim.burst_capacity,
+            "burst_rate": lim.burst_rate,
+        }
+        for dim, lim in (("requests", cfg.requests), ("tokens", cfg.tokens))
+    }
+
+
+def _merged(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in given.items():
+        current = out.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping):
+            out[key] = _merged(current, value)
+        else:
+            out[key] = value
+    return out
+
+
+class AdmissionSettings(CommonSettings):
+    model_config = SettingsConfigDict(env_nested_delimiter="__")  # merged with the parent's
+
+    quota_basic: TierQuotaSettings = Field(
+        default_factory=lambda: TierQuotaSettings.model_validate(_default_quota(Tier.BASIC))
+    )
+    quota_pro: TierQuotaSettings = Field(
+        default_factory=lambda: TierQuotaSettings.model_validate(_default_quota(Tier.PRO))
+    )
+    quota_enterprise: TierQuotaSettings = Field(
+        default_factory=lambda: TierQuotaSettings.model_validate(_default_quota(Tier.ENTERPRISE))
+    )
+    quota_retry_after_s: float = Field(default=1.0, gt=0, le=3600)
+    """``Retry-After`` of a basic-tier rejection while Redis is unreachable."""
+    redis_timeout_s: float = Field(default=0.5, gt=0, le=60)
+    """Socket timeout of the quota store: past it, the tier's Redis-down policy decides."""
+    reservation_ttl_s: float = Field(default=3600.0, gt=0, le=86_400)
+    """How long a token reservation waits for its completion's correction."""
+
+    small_pool: str = Field(default="small", pattern=r"^[A-Za-z0-9._-]+$")
+    enterprise_pool: str = Field(default="main", pattern=r"^[A-Za-z0-9._-]+$")
+    max_tokens_cap: int = Field(default=512, ge=1, le=32_768)
+    """Degradation level 2, when the controller's event carries no cap: requests asking
+    for more than this many output tokens (the *long* ones) are truncated to it; shorter
+    ones are left alone (capping them would change nothing)."""
+
+    rate_limit_factor: float = Field(default=0.5, gt=0, le=1)
+    """Breaker level 2 (rate limit): the share of a pool's batch slots admission fills."""
+    breaker_retry_after_s: float = Field(default=5.0, gt=0, le=3600)
+    """``Retry-After`` of a rejection by an open breaker (level 3 and up)."""
+
+    pacing_slack: int = Field(default=2, ge=0, le=10_000)
+    """Records per pool dispatched beyond the free batch slots, so that a worker finds
+    its next request already waiting when a slot frees (hides the fetch latency)."""
+    worker_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    """A worker not heard from for longer no longer counts towards its pool's capacity."""
+    ledger_ttl_s: float = Field(default=600.0, gt=0, le=86_400)
+    """How long a dispatched request counts as in the pool without a completion."""
+
+    max_buffered_per_class: int = Field(default=1000, ge=1, le=1_000_000)
+    """Decided requests held per priority class awaiting dispatch; above it the class's
+    partitions are paused (the rest waits in Kafka)."""
+    intake_batch: int = Field(default=200, ge=1, le=10_000)
+    """Records read per fetch (and quota decisions per Redis round trip)."""
+    dispatch_interval_s: float = Field(default=0.05, gt=0, le=10)
+    """The longest a dispatch round waits for news (new work, telemetry, control)."""
+    commit_interval_s: float = Field(default=0.2, gt=0, le=10)
+
+    @field_validator("quota_basic", "quota_pro", "quota_enterprise", mode="before")
+    @classmethod
+    def _over_defaults(cls, value: object, info: ValidationInfo) -> object:
+        """A partial override keeps the tier's defaults for what it does not give."""
+        if isinstance(value, Mapping):
+            assert info.field_name is not None
+            tier = Tier(info.field_name.removeprefix("quota_"))
+            return _merged(_default_quota(tier), value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        for name in ("small_pool", "enterprise_pool"):
+            if getattr(self, name) not in self.pools:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not one of pools {self.pools}")
+        for tier in Tier:
+            self.tier_config(tier)  # the bucket model's own checks (basic has no burst, …)
+        return self
+
+    def tier_config(self, tier: Tier) -> TierConfig:
+        quota: TierQuotaSettings = getattr(self, f"quota_{tier.value}")
+        return TierConfig(tier, quota.requests.limit(), quota.tokens.limit())
+
+    def tier_configs(self) -> dict[Tier, TierConfig]:
+        return {tier: self.tier_config(tier) for tier in Tier}

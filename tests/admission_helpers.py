@@ -1,0 +1,253 @@
+"""Test helpers around admission: its settings for a test, requests, a capacity feed of
+real ``EngineStats``/``WorkerHeartbeat`` records, and readers of the topics it writes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from schemas import (
+    ControlEvent,
+    DeadLetter,
+    DispatchedRequest,
+    EngineLimitsInfo,
+    EngineStats,
+    Evidence,
+    InferenceRequest,
+    Priority,
+    SamplingParams,
+    Tier,
+    WorkerHeartbeat,
+)
+from schemas.base import Message
+from services.admission.settings import AdmissionSettings
+from services.common.bus import make_consumer, make_producer
+from services.common.control import ControlState
+from services.common.lifecycle import Component
+from services.common.serde import DISPATCH, decode, encode
+from services.common.settings import CommonSettings
+from services.common.topics import Topics
+from services.workers.engine.factory import build_engine
+from services.workers.engine.sim import SimulatedEngine
+from services.workers.gpu import SimulatedGpuProbe
+from services.workers.service import Worker
+from services.workers.settings import WorkerSettings
+
+EVIDENCE = Evidence(reason="test")
+
+
+def admission_settings(settings: CommonSettings, **changes: Any) -> AdmissionSettings:
+    base = settings.model_dump()
+    base.update(commit_interval_s=0.05, dispatch_interval_s=0.02, shutdown_grace_s=5)
+    base.update(changes)
+    return AdmissionSettings(**base)
+
+
+def inference_request(
+    rid: str,
+    reply_to: str,
+    *,
+    tenant: str = "acme",
+    tier: Tier = Tier.PRO,
+    priority: Priority = Priority.STANDARD,
+    max_tokens: int = 16,
+    pool: str = "main",
+    region: str = "",
+    deadline_in_s: float | None = None,
+) -> InferenceRequest:
+    now = time.time()
+    return InferenceRequest.model_validate(
+        {
+            "request_id": rid,
+            "tenant": tenant,
+            "tier": tier,
+            "priority": priority,
+            "pool": pool,
+            "prompt": f"tell me about {rid}",
+            "sampling": SamplingParams(max_tokens=max_tokens),
+            "reply_to": reply_to,
+            "created_at": now,
+            "deadline_at": None if deadline_in_s is None else now + deadline_in_s,
+            "session_id": f"s-{rid}",
+            "client": {"region": region},
+        }
+    )
+
+
+async def send_all(
+    settings: CommonSettings, topic: str, messages: Sequence[Message | bytes | None]
+) -> None:
+    """Produce in order, each keyed by its position (``None`` is a tombstone)."""
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        for i, msg in enumerate(messages):
+            value = msg if msg is None or isinstance(msg, bytes) else encode(msg)
+            await producer.send_and_wait(topic, value, key=f"k{i}".encode())
+    finally:
+        await producer.stop()
+
+
+def engine_stats(worker_id: str, pool: str, batch_limit: int, in_flight: int = 0) -> EngineStats:
+    return EngineStats(
+        worker_id=worker_id,
+        pool=pool,
+        engine="fake",
+        running=in_flight,
+        waiting=0,
+        preempted_total=0,
+        kv_cache_usage=0.0,
+        in_flight=in_flight,
+        batch_limit=batch_limit,
+        limits=EngineLimitsInfo(
+            max_num_seqs=batch_limit,
+            max_num_batched_tokens=8192,
+            block_size=16,
+            kv_capacity_tokens=1_000_000,
+        ),
+        at=time.time(),
+    )
+
+
+@contextlib.asynccontextmanager
+async def capacity_feed(
+    settings: CommonSettings,
+    topics: Topics,
+    pools: dict[str, int],
+    every_s: float = 0.5,
+) -> AsyncIterator[None]:
+    """A fake worker per pool (``{pool: batch_limit}``) reporting an idle engine with the
+    given batch limit, as real telemetry records, until the block ends."""
+    producer = make_producer(settings)
+    await producer.start()
+
+    async def beat() -> None:
+        while True:
+            for pool, limit in pools.items():
+                worker = f"fake-{pool}"
+                await producer.send_and_wait(
+                    topics.telemetry,
+                    encode(engine_stats(worker, pool, limit)),
+                    key=worker.encode(),
+                )
+                heartbeat = WorkerHeartbeat(
+                    worker_id=worker,
+                    pool=pool,
+                    engine="fake",
+                    status="serving",
+                    in_flight=0,
+                    batch_limit=limit,
+                    host_cpu_pct=1.0,
+                    host_memory_pct=1.0,
+                    started_at=time.time(),
+                    at=time.time(),
+                )
+                await producer.send_and_wait(
+                    topics.telemetry, encode(heartbeat), key=worker.encode()
+                )
+            await asyncio.sleep(every_s)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await producer.stop()
+
+
+class TopicReader:
+    """Reads whole topics from their beginning (no group), in partition order."""
+
+    def __init__(self, settings: CommonSettings, *topics: str) -> None:
+        self.settings = settings
+        self.topics = topics
+        self.raw: dict[str, list[bytes]] = defaultdict(list)
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> TopicReader:
+        self._consumer = make_consumer(self.settings, group_id=None)
+        await self._consumer.start()
+        await self._consumer.topics()
+        tps = [
+            TopicPartition(t, p)
+            for t in self.topics
+            for p in sorted(self._consumer.partitions_for_topic(t) or {0})
+        ]
+        self._consumer.assign(tps)
+        await self._consumer.seek_to_beginning(*tps)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._consumer is not None
+        await self._consumer.stop()
+
+    async def poll(self, timeout_ms: int = 100) -> None:
+        assert self._consumer is not None
+        for tp, records in (await self._consumer.getmany(timeout_ms=timeout_ms)).items():
+            self.raw[tp.topic] += [r.value for r in records if r.value is not None]
+
+    async def until(self, topic: str, n: int, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.raw[topic]) < n and time.monotonic() < deadline:
+            await self.poll()
+        assert len(self.raw[topic]) >= n, f"{len(self.raw[topic])} of {n} records on {topic}"
+
+    def dispatched(self, topic: str) -> list[DispatchedRequest]:
+        return [decode(DISPATCH, raw) for raw in self.raw[topic]]
+
+    def dead_letters(self, topic: str) -> list[DeadLetter]:
+        return [DeadLetter.model_validate_json(raw) for raw in self.raw[topic]]
+
+
+async def apply_control(
+    settings: CommonSettings, topics: Topics, state: ControlState, *events: ControlEvent
+) -> None:
+    """Publish control events and wait until ``state`` (a service's) holds them all."""
+    await send_all(settings, topics.control, list(events))
+    deadline = time.monotonic() + 20
+    while not all(state.get(type(e), e.scope) == e for e in events):
+        assert time.monotonic() < deadline, "control events not applied in time"
+        await asyncio.sleep(0.02)
+
+
+def control_common(scope: str, seq: int) -> dict[str, Any]:
+    return {"scope": scope, "seq": seq, "issued_at": time.time(), "evidence": EVIDENCE}
+
+
+def worker_settings(settings: CommonSettings, **changes: Any) -> WorkerSettings:
+    base = settings.model_dump()
+    base.update(
+        instance_id="w1",
+        telemetry_interval_s=0.2,
+        commit_interval_s=0.05,
+        shutdown_grace_s=5,
+        sim_time_scale=1.0,
+    )
+    base.update(changes)
+    return WorkerSettings(**base)
+
+
+def sim_worker(settings: WorkerSettings) -> Worker:
+    """A real worker on the simulated engine (not started)."""
+    engine = build_engine(settings)
+    assert isinstance(engine, SimulatedEngine)
+    return Worker(settings, engine, SimulatedGpuProbe(lambda: [engine.gpu_reading()]))
+
+
+@contextlib.asynccontextmanager
+async def started(*components: Component) -> AsyncIterator[None]:
+    """Start components at once: a consumer-group join costs seconds on the embedded
+    broker, so services started one after the other add those seconds up."""
+    try:
+        await asyncio.gather(*(c.start() for c in components))
+        yield
+    finally:
+        await asyncio.gather(*(c.stop() for c in components))

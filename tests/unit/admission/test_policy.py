@@ -1,0 +1,671 @@
+"""Admission's per-request decisions (policy.py): every tier, breaker level, degradation
+rung, region throttle, quota override, deadline and the Redis-down policy per tier."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Literal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas import (
+    BreakerLevel,
+    BreakerState,
+    ControlEvent,
+    Degradation,
+    DegradationLevel,
+    Evidence,
+    InferenceRequest,
+    Priority,
+    QuotaOverride,
+    ReasonCode,
+    RegionThrottle,
+    ReplyStatus,
+    Tier,
+)
+from services.admission.bucket import BucketState, Limit, TierConfig, decide
+from services.admission.policy import (
+    Accepted,
+    AdmissionPolicy,
+    Admit,
+    PolicyConfig,
+    Reply,
+    Screened,
+    region_bucket,
+)
+from services.admission.quota import on_redis_down
+from services.common.clock import ManualClock
+from services.common.control import ControlState
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_800_000_000.0
+TIERS = {
+    Tier.BASIC: TierConfig(Tier.BASIC, Limit(2, 1.0), Limit(10_000, 100.0)),
+    Tier.PRO: TierConfig(Tier.PRO, Limit(2, 1.0, 2, 1.0), Limit(10_000, 100.0, 5_000, 50.0)),
+    Tier.ENTERPRISE: TierConfig(Tier.ENTERPRISE, Limit(50, 10.0), Limit(100_000, 1_000.0)),
+}
+CONFIG = PolicyConfig(
+    tiers=TIERS,
+    pools=("main", "small", "vip"),
+    small_pool="small",
+    enterprise_pool="vip",
+    max_tokens_cap=100,
+    rate_limit_factor=0.5,
+    breaker_retry_after_s=7.0,
+    quota_retry_after_s=2.0,
+)
+_seq = itertools.count(1)
+
+
+def request(
+    *,
+    tier: Tier = Tier.PRO,
+    pool: str = "main",
+    max_tokens: int = 50,
+    region: str = "",
+    deadline: float | None = None,
+    tenant: str = "acme",
+) -> InferenceRequest:
+    return InferenceRequest.model_validate(
+        {
+            "request_id": "r1",
+            "tenant": tenant,
+            "tier": tier,
+            "pool": pool,
+            "prompt": "hello world",
+            "sampling": {"max_tokens": max_tokens},
+            "reply_to": "replies",
+            "created_at": NOW - 10,
+            "deadline_at": deadline,
+            "client": {"region": region},
+        }
+    )
+
+
+def common(scope: str) -> dict[str, Any]:
+    return {"scope": scope, "seq": next(_seq), "issued_at": NOW, "evidence": Evidence(reason="t")}
+
+
+def breaker(
+    scope: str,
+    level: BreakerLevel,
+    state: Literal["closed", "open", "half_open"] = "open",
+    probes: int = 0,
+) -> BreakerState:
+    return BreakerState(**common(scope), state=state, level=level, probe_requests=probes)
+
+
+def degradation(
+    scope: str, level: int, small_pool: str | None = None, cap: int | None = None
+) -> DegradationLevel:
+    return DegradationLevel(**common(scope), level=level, small_pool=small_pool, max_tokens_cap=cap)
+
+
+def throttle(region: str, rate: float | None) -> RegionThrottle:
+    return RegionThrottle(**common(f"region:{region}"), region=region, rate_per_s=rate)
+
+
+def override(tenant: str, **values: float | None) -> QuotaOverride:
+    return QuotaOverride(**common(f"tenant:{tenant}"), tenant=tenant, **values)
+
+
+def control(*events: ControlEvent) -> ControlState:
+    state = ControlState(ManualClock(NOW))
+    for e in events:
+        state.apply(e)
+    return state
+
+
+def policy() -> AdmissionPolicy:
+    return AdmissionPolicy(CONFIG)
+
+
+def accepted(
+    pool: str = "main", cls: Priority = Priority.STANDARD, degraded: bool = False
+) -> Accepted:
+    return Accepted(pool, cls, degraded, 66.0)
+
+
+def reply_of(verdict: object) -> tuple[ReplyStatus, ReasonCode]:
+    assert isinstance(verdict, Reply)
+    return verdict.reply.status, verdict.reply.reason
+
+
+# -- screening -------------------------------------------------------------------------
+
+
+def test_screen_passes_a_plain_request_with_its_quota_charge() -> None:
+    req = request(max_tokens=50)
+    got = policy().screen(req, Priority.STANDARD, control(), NOW)
+    assert isinstance(got, Screened)
+    assert got.pool == "main"
+    assert got.tenant.tenant == "acme"
+    assert got.tenant.config == TIERS[Tier.PRO]
+    assert (got.tenant.requests, got.tenant.tokens) == (1, 2 + 50)  # "hello world" + output
+    assert got.region is None
+
+
+def test_enterprise_goes_to_its_dedicated_pool_whatever_it_asked_for() -> None:
+    got = policy().screen(request(tier=Tier.ENTERPRISE, pool="small"), Priority.VIP, control(), NOW)
+    assert isinstance(got, Screened)
+    assert got.pool == "vip"
+
+
+@pytest.mark.parametrize(
+    ("deadline", "expired"), [(None, False), (NOW + 0.001, False), (NOW, True), (NOW - 5, True)]
+)
+def test_a_request_past_its_deadline_is_expired_without_quota(
+    deadline: float | None, expired: bool
+) -> None:
+    got = policy().screen(request(deadline=deadline), Priority.STANDARD, control(), NOW)
+    if expired:
+        assert reply_of(got) == (ReplyStatus.EXPIRED, ReasonCode.DEADLINE_EXCEEDED)
+        assert isinstance(got, Reply)
+        assert got.reply.rate_limit is None
+    else:
+        assert isinstance(got, Screened)
+
+
+def test_an_unknown_pool_is_rejected() -> None:
+    got = policy().screen(request(pool="nowhere"), Priority.STANDARD, control(), NOW)
+    assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.INVALID_REQUEST)
+
+
+BREAKER_CASES = [
+    # (level, state, probes, refused at screen)
+    (BreakerLevel.NONE, "closed", 0, False),
+    (BreakerLevel.LOG, "open", 0, False),
+    (BreakerLevel.RATE_LIMIT, "open", 0, False),
+    (BreakerLevel.REJECT_NEW, "open", 0, True),
+    (BreakerLevel.EMERGENCY, "open", 0, True),
+    (BreakerLevel.REJECT_NEW, "half_open", 2, False),
+    (BreakerLevel.REJECT_NEW, "half_open", 0, True),
+    (BreakerLevel.REJECT_NEW, "closed", 0, False),  # closed: the level is history
+]
+
+
+@pytest.mark.parametrize(("level", "state", "probes", "refused"), BREAKER_CASES)
+@pytest.mark.parametrize("scope", ["pool:main", "fleet"])
+def test_breaker_levels_at_screening(
+    level: BreakerLevel,
+    state: Literal["closed", "open", "half_open"],
+    probes: int,
+    refused: bool,
+    scope: str,
+) -> None:
+    ctl = control(breaker(scope, level, state, probes))
+    got = policy().screen(request(), Priority.STANDARD, ctl, NOW)
+    if refused:
+        assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.BREAKER_OPEN)
+        assert isinstance(got, Reply)
+        assert got.reply.rate_limit is not None
+        assert got.reply.rate_limit.retry_after_s == 7
+    else:
+        assert isinstance(got, Screened)
+
+
+@pytest.mark.parametrize(
+    ("level", "factor"),
+    [
+        (BreakerLevel.NONE, 1.0),
+        (BreakerLevel.LOG, 1.0),
+        (BreakerLevel.RATE_LIMIT, 0.5),
+        (BreakerLevel.REJECT_NEW, 1.0),
+    ],
+)
+def test_a_rate_limit_breaker_paces_the_pool(level: BreakerLevel, factor: float) -> None:
+    gate = policy().gate("main", control(breaker("pool:main", level)))
+    assert gate.factor == factor
+    assert gate.refuse == (level >= BreakerLevel.REJECT_NEW)
+    assert gate.level == level
+
+
+def test_the_pools_own_breaker_takes_precedence_over_the_fleets() -> None:
+    ctl = control(
+        breaker("fleet", BreakerLevel.REJECT_NEW), breaker("pool:main", BreakerLevel.NONE, "closed")
+    )
+    assert isinstance(policy().screen(request(), Priority.STANDARD, ctl, NOW), Screened)
+    small = request(pool="small")
+    assert (
+        reply_of(policy().screen(small, Priority.STANDARD, ctl, NOW))[1] is ReasonCode.BREAKER_OPEN
+    )
+
+
+def test_the_breaker_of_the_destination_decides_after_diversion() -> None:
+    ctl = control(degradation("pool:main", 1), breaker("pool:small", BreakerLevel.REJECT_NEW))
+    p = policy()
+    assert reply_of(p.screen(request(), Priority.STANDARD, ctl, NOW))[1] is ReasonCode.BREAKER_OPEN
+    assert isinstance(p.screen(request(), Priority.VIP, ctl, NOW), Screened)  # VIP stays on main
+
+
+@pytest.mark.parametrize(
+    ("rate", "outcome", "capacity"),
+    [(None, "none", None), (0.0, "rejected", None), (0.5, "bucket", 1.0), (20.0, "bucket", 20.0)],
+)
+def test_region_throttles(rate: float | None, outcome: str, capacity: float | None) -> None:
+    ctl = control(throttle("eu-west", rate))
+    got = policy().screen(request(region="eu-west"), Priority.STANDARD, ctl, NOW)
+    if outcome == "rejected":
+        assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.REGION_THROTTLED)
+        assert isinstance(got, Reply)
+        assert got.reply.rate_limit is not None
+        return
+    assert isinstance(got, Screened)
+    if outcome == "none":
+        assert got.region is None
+        return
+    assert got.region is not None
+    assert got.region.tenant == region_bucket("eu-west")
+    assert got.region.config.requests == Limit(capacity or 0, rate or 0)
+    assert (got.region.requests, got.region.tokens) == (1, 0)
+    # other regions and unknown regions are not throttled
+    for region in ("us-east", ""):
+        other = policy().screen(request(region=region), Priority.STANDARD, ctl, NOW)
+        assert isinstance(other, Screened)
+        assert other.region is None
+
+
+def test_the_latest_throttle_of_a_region_wins() -> None:
+    first = throttle("eu", 5.0)
+    lifted = RegionThrottle(**common("region:eu/alt"), region="eu", rate_per_s=None)
+    got = policy().screen(request(region="eu"), Priority.STANDARD, control(first, lifted), NOW)
+    assert isinstance(got, Screened)
+    assert got.region is None
+
+
+def test_region_bucket_names_are_safe_and_distinct() -> None:
+    names = {region_bucket(r) for r in ("eu", "e{u}", "e u", "e%7Bu%7D", "eu/1")}
+    assert len(names) == 5
+    assert not any("{" in n or "}" in n for n in names)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"requests_per_s": 9.0}, (Limit(2, 9.0, 2, 1.0), Limit(10_000, 100.0, 5_000, 50.0))),
+        ({"tokens_per_s": 7.0}, (Limit(2, 1.0, 2, 1.0), Limit(10_000, 7.0, 5_000, 50.0))),
+        ({"burst": 30.0}, (Limit(30, 1.0, 2, 1.0), Limit(10_000, 100.0, 5_000, 50.0))),
+        ({"requests_per_s": 0.0}, None),
+        ({"tokens_per_s": 0.0}, None),
+        ({"burst": 0.0}, None),
+    ],
+)
+def test_quota_overrides(values: dict[str, float], expected: tuple[Limit, Limit] | None) -> None:
+    ctl = control(override("acme", **values))
+    got = policy().screen(request(), Priority.STANDARD, ctl, NOW)
+    if expected is None:
+        assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.QUOTA_EXCEEDED)
+        return
+    assert isinstance(got, Screened)
+    assert (got.tenant.config.requests, got.tenant.config.tokens) == expected
+    other = policy().screen(request(tenant="globex"), Priority.STANDARD, ctl, NOW)
+    assert isinstance(other, Screened)
+    assert other.tenant.config == TIERS[Tier.PRO]
+
+
+def test_an_expired_override_no_longer_applies() -> None:
+    o = QuotaOverride(**common("tenant:acme"), tenant="acme", requests_per_s=0.0, expires_at=NOW)
+    got = policy().screen(request(), Priority.STANDARD, control(o), NOW)
+    assert isinstance(got, Screened)
+    assert got.tenant.config == TIERS[Tier.PRO]
+
+
+# -- judging the quota decisions -------------------------------------------------------
+
+
+def quota_after(tier: Tier, spent: int) -> Any:
+    """The real decision of the pure bucket model after ``spent`` earlier requests."""
+    states: dict[Any, BucketState | None] = {}
+    decision = None
+    for _ in range(spent + 1):
+        decision, states = decide(TIERS[tier], states, NOW, 1, 10)  # type: ignore[assignment]
+    return decision
+
+
+TIER_CASES = [
+    # tier, earlier requests, verdict, reason, class it waits in
+    (Tier.BASIC, 0, "accepted", None, Priority.BULK),
+    (Tier.BASIC, 1, "accepted", None, Priority.BULK),
+    (Tier.BASIC, 2, "rejected", ReasonCode.QUOTA_EXCEEDED, None),
+    (Tier.PRO, 1, "accepted", None, Priority.STANDARD),
+    (Tier.PRO, 2, "degraded", None, Priority.BULK),  # the burst level: one class lower
+    (Tier.PRO, 3, "degraded", None, Priority.BULK),
+    (Tier.PRO, 4, "rejected", ReasonCode.QUOTA_EXCEEDED, None),
+    (Tier.ENTERPRISE, 49, "accepted", None, Priority.VIP),
+    (Tier.ENTERPRISE, 50, "rejected", ReasonCode.QUOTA_EXCEEDED, None),
+]
+_CLASS = {Tier.BASIC: Priority.BULK, Tier.PRO: Priority.STANDARD, Tier.ENTERPRISE: Priority.VIP}
+
+
+@pytest.mark.parametrize(("tier", "spent", "verdict", "reason", "cls"), TIER_CASES)
+def test_tier_behaviour(
+    tier: Tier, spent: int, verdict: str, reason: ReasonCode | None, cls: Priority | None
+) -> None:
+    req = request(tier=tier)
+    screened = policy().screen(req, _CLASS[tier], control(), NOW)
+    assert isinstance(screened, Screened)
+    got = policy().judge(req, _CLASS[tier], screened, NOW, quota_after(tier, spent))
+    if verdict == "rejected":
+        assert reply_of(got) == (ReplyStatus.REJECTED, reason)
+        assert isinstance(got, Reply)
+        info = got.reply.rate_limit
+        assert info is not None
+        assert info.limit == math.floor(TIERS[tier].requests.total)
+        assert info.remaining == 0
+        assert info.retry_after_s >= 1
+        return
+    assert isinstance(got, Accepted)
+    assert got.cls is cls
+    assert got.quota_degraded == (verdict == "degraded")
+    assert got.reserved_tokens == screened.tenant.tokens
+
+
+def test_a_request_that_can_never_fit_is_rejected_without_retry_after() -> None:
+    req = request(tier=Tier.BASIC, max_tokens=20_000)
+    screened = policy().screen(req, Priority.BULK, control(), NOW)
+    assert isinstance(screened, Screened)
+    decision, _ = decide(TIERS[Tier.BASIC], {}, NOW, 1, screened.tenant.tokens)
+    got = policy().judge(req, Priority.BULK, screened, NOW, decision)
+    assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.QUOTA_EXCEEDED)
+    assert isinstance(got, Reply)
+    assert got.reply.rate_limit is not None
+    assert got.reply.rate_limit.retry_after_s == 0
+
+
+@pytest.mark.parametrize(
+    ("tier", "verdict"),
+    [(Tier.ENTERPRISE, "admit"), (Tier.PRO, "degrade"), (Tier.BASIC, "reject")],
+)
+def test_redis_down_policy_per_tier(tier: Tier, verdict: str) -> None:
+    req = request(tier=tier)
+    screened = policy().screen(req, _CLASS[tier], control(), NOW)
+    assert isinstance(screened, Screened)
+    got = policy().judge(req, _CLASS[tier], screened, NOW, on_redis_down(tier, 2.0))
+    if verdict == "reject":
+        assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.QUOTA_UNAVAILABLE)
+        assert isinstance(got, Reply)
+        assert got.reply.rate_limit is not None
+        assert got.reply.rate_limit.retry_after_s == 2
+        return
+    assert isinstance(got, Accepted)
+    assert got.quota_degraded == (verdict == "degrade")
+    assert got.reserved_tokens == 0  # nothing was charged, nothing to correct
+
+
+def test_a_region_refusal_comes_first_and_its_tenant_is_not_needed() -> None:
+    req = request(region="eu")
+    screened = policy().screen(req, Priority.STANDARD, control(throttle("eu", 1.0)), NOW)
+    assert isinstance(screened, Screened)
+    assert screened.region is not None
+    states: dict[Any, BucketState | None] = {}
+    region = None
+    for _ in range(2):
+        region, states = decide(screened.region.config, states, NOW, 1, 0)  # type: ignore[assignment]
+    got = policy().judge(req, Priority.STANDARD, screened, NOW, None, region)
+    assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.REGION_THROTTLED)
+    assert isinstance(got, Reply)
+    assert got.reply.rate_limit is not None
+    assert got.reply.rate_limit.limit == 1
+    with pytest.raises(ValueError, match="tenant decision"):
+        policy().judge(req, Priority.STANDARD, screened, NOW, None, None)
+
+
+# -- release at dispatch ---------------------------------------------------------------
+
+LADDER = [
+    # scope, level, class, max_tokens, expected pool, expected degradation, reason
+    ("pool:main", 0, Priority.STANDARD, 500, "main", Degradation(), ReasonCode.NONE),
+    (
+        "pool:main",
+        1,
+        Priority.STANDARD,
+        500,
+        "small",
+        Degradation(level=1, diverted_from="main"),
+        ReasonCode.DEGRADED_SMALL_MODEL,
+    ),
+    ("pool:main", 1, Priority.VIP, 500, "main", Degradation(), ReasonCode.NONE),
+    (
+        "fleet",
+        1,
+        Priority.BULK,
+        50,
+        "small",
+        Degradation(level=1, diverted_from="main"),
+        ReasonCode.DEGRADED_SMALL_MODEL,
+    ),
+    (
+        "pool:main",
+        2,
+        Priority.STANDARD,
+        500,
+        "small",
+        Degradation(level=2, diverted_from="main", max_tokens_cap=100),
+        ReasonCode.DEGRADED_TRUNCATED,
+    ),
+    (
+        "pool:main",
+        2,
+        Priority.STANDARD,
+        100,  # not long: untouched but for the diversion
+        "small",
+        Degradation(level=1, diverted_from="main"),
+        ReasonCode.DEGRADED_SMALL_MODEL,
+    ),
+    (
+        "pool:main",
+        2,
+        Priority.VIP,
+        500,
+        "main",
+        Degradation(level=2, max_tokens_cap=100),
+        ReasonCode.DEGRADED_TRUNCATED,
+    ),
+    ("pool:main", 2, Priority.VIP, 50, "main", Degradation(), ReasonCode.NONE),
+    (
+        "pool:main",
+        3,
+        Priority.VIP,
+        50,
+        "main",
+        Degradation(level=3, static_reply=True),
+        ReasonCode.DEGRADED_STATIC,
+    ),
+    (
+        "fleet",
+        3,
+        Priority.BULK,
+        500,
+        "main",
+        Degradation(level=3, static_reply=True),
+        ReasonCode.DEGRADED_STATIC,
+    ),
+    ("pool:small", 3, Priority.BULK, 500, "main", Degradation(), ReasonCode.NONE),
+]
+
+
+@pytest.mark.parametrize(("scope", "level", "cls", "max_tokens", "pool", "want", "reason"), LADDER)
+def test_degradation_ladder(
+    scope: str,
+    level: int,
+    cls: Priority,
+    max_tokens: int,
+    pool: str,
+    want: Degradation,
+    reason: ReasonCode,
+) -> None:
+    req = request(max_tokens=max_tokens)
+    got = policy().release(req, cls, accepted(cls=cls), control(degradation(scope, level)), NOW)
+    assert isinstance(got, Admit)
+    assert got.dispatch.pool == pool
+    assert got.dispatch.degradation == want
+    assert got.reason is reason
+    assert got.dispatch.request == req
+    assert got.dispatch.admitted_at == NOW
+
+
+def test_the_pools_own_degradation_takes_precedence_over_the_fleets() -> None:
+    ctl = control(degradation("fleet", 3), degradation("pool:main", 0))
+    got = policy().release(request(), Priority.BULK, accepted(), ctl, NOW)
+    assert isinstance(got, Admit)
+    assert got.dispatch.degradation == Degradation()
+    other = policy().release(request(pool="small"), Priority.BULK, accepted("small"), ctl, NOW)
+    assert isinstance(other, Admit)
+    assert other.dispatch.degradation.static_reply
+
+
+def test_the_events_small_pool_and_cap_win_over_the_defaults() -> None:
+    ctl = control(degradation("pool:main", 2, small_pool="vip", cap=10))
+    got = policy().release(request(max_tokens=50), Priority.BULK, accepted(), ctl, NOW)
+    assert isinstance(got, Admit)
+    assert got.dispatch.pool == "vip"
+    assert got.dispatch.degradation.max_tokens_cap == 10
+    # a small pool admission does not know is no diversion at all
+    unknown = control(degradation("pool:main", 1, small_pool="elsewhere"))
+    kept = policy().release(request(), Priority.BULK, accepted(), unknown, NOW)
+    assert isinstance(kept, Admit)
+    assert kept.dispatch.pool == "main"
+    assert kept.dispatch.degradation == Degradation()
+
+
+def test_a_quota_degraded_request_says_so() -> None:
+    got = policy().release(request(), Priority.BULK, accepted(degraded=True), control(), NOW)
+    assert isinstance(got, Admit)
+    assert got.dispatch.degradation == Degradation(quota_degraded=True)
+    assert got.reason is ReasonCode.QUOTA_DEGRADED
+    ctl = control(degradation("pool:main", 3))
+    static = policy().release(request(), Priority.BULK, accepted(degraded=True), ctl, NOW)
+    assert isinstance(static, Admit)
+    assert static.dispatch.degradation == Degradation(
+        level=3, static_reply=True, quota_degraded=True
+    )
+    assert static.reason is ReasonCode.DEGRADED_STATIC
+
+
+@pytest.mark.parametrize(("level", "state", "probes", "refused"), BREAKER_CASES)
+def test_breaker_levels_at_dispatch(
+    level: BreakerLevel, state: Literal["closed", "open", "half_open"], probes: int, refused: bool
+) -> None:
+    ctl = control(breaker("pool:main", level, state, probes))
+    got = policy().release(request(), Priority.STANDARD, accepted(), ctl, NOW)
+    if refused:
+        assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.BREAKER_OPEN)
+    else:
+        assert isinstance(got, Admit)
+
+
+def test_half_open_lets_its_probes_through_per_event() -> None:
+    p = policy()
+    ctl = control(breaker("pool:main", BreakerLevel.REJECT_NEW, "half_open", probes=2))
+    verdicts = [p.release(request(), Priority.BULK, accepted(), ctl, NOW) for _ in range(3)]
+    assert [type(v).__name__ for v in verdicts] == ["Admit", "Admit", "Reply"]
+    assert p.gate("main", ctl).probes_left == 0
+    ctl.apply(breaker("pool:main", BreakerLevel.REJECT_NEW, "half_open", probes=1))  # a new round
+    assert p.gate("main", ctl).probes_left == 1
+    assert isinstance(p.release(request(), Priority.BULK, accepted(), ctl, NOW), Admit)
+    assert p.gate("main", ctl).refuse
+
+
+@pytest.mark.parametrize(
+    ("cancelled", "deadline", "expected"),
+    [
+        (True, None, (ReplyStatus.REJECTED, ReasonCode.CANCELLED)),
+        (True, NOW - 1, (ReplyStatus.REJECTED, ReasonCode.CANCELLED)),
+        (False, NOW - 1, (ReplyStatus.EXPIRED, ReasonCode.DEADLINE_EXCEEDED)),
+    ],
+)
+def test_cancelled_or_expired_while_waiting(
+    cancelled: bool, deadline: float | None, expected: tuple[ReplyStatus, ReasonCode]
+) -> None:
+    got = policy().release(
+        request(deadline=deadline), Priority.BULK, accepted(), control(), NOW, cancelled
+    )
+    assert reply_of(got) == expected
+    assert isinstance(got, Reply)
+    assert got.reply.request_id == "r1"
+    assert got.reply.completed_at == NOW
+
+
+# -- properties ------------------------------------------------------------------------
+
+scopes = st.sampled_from(["pool:main", "pool:small", "pool:vip", "fleet"])
+events = st.lists(
+    st.one_of(
+        st.builds(
+            lambda s, lv, pool, cap: degradation(s, lv, pool, cap),
+            scopes,
+            st.integers(0, 3),
+            st.sampled_from([None, "small", "main", "nowhere"]),
+            st.sampled_from([None, 1, 64, 4096]),
+        ),
+        st.builds(
+            lambda s, lv, state, probes: breaker(s, lv, state, probes),
+            scopes,
+            st.sampled_from(list(BreakerLevel)),
+            st.sampled_from(["closed", "open", "half_open"]),
+            st.integers(0, 3),
+        ),
+        st.builds(throttle, st.sampled_from(["eu", "us"]), st.sampled_from([None, 0.0, 1.0, 50.0])),
+        st.builds(
+            lambda t, r: override(t, requests_per_s=r),
+            st.sampled_from(["acme", "globex"]),
+            st.sampled_from([None, 0.0, 3.0]),
+        ),
+    ),
+    max_size=8,
+)
+requests_ = st.builds(
+    request,
+    tier=st.sampled_from(list(Tier)),
+    pool=st.sampled_from(["main", "small", "vip", "nowhere"]),
+    max_tokens=st.integers(1, 5000),
+    region=st.sampled_from(["", "eu", "us"]),
+    deadline=st.sampled_from([None, NOW - 1, NOW + 100]),
+    tenant=st.sampled_from(["acme", "globex"]),
+)
+
+
+@given(requests_, st.sampled_from(list(Priority)), events, st.booleans())
+def test_every_decision_is_consistent(
+    req: InferenceRequest, cls: Priority, evs: list[ControlEvent], cancelled: bool
+) -> None:
+    p, ctl = policy(), control(*evs)
+    screened = p.screen(req, cls, ctl, NOW)
+    if isinstance(screened, Reply):
+        r = screened.reply
+        assert r.request_id == req.request_id
+        assert r.status in (ReplyStatus.REJECTED, ReplyStatus.EXPIRED)
+        assert (r.rate_limit is not None) == (r.status is ReplyStatus.REJECTED) or (
+            r.reason is ReasonCode.INVALID_REQUEST
+        )
+        return
+    assert screened.pool in CONFIG.pools
+    assert screened.pool == ("vip" if req.tier is Tier.ENTERPRISE else req.pool)
+    got = p.release(req, cls, Accepted(screened.pool, cls, False, 1.0), ctl, NOW, cancelled)
+    if isinstance(got, Reply):
+        assert got.reply.reason in (
+            ReasonCode.CANCELLED,
+            ReasonCode.BREAKER_OPEN,
+            ReasonCode.DEADLINE_EXCEEDED,
+        )
+        assert not cancelled or got.reply.reason is ReasonCode.CANCELLED
+        return
+    assert not cancelled
+    d = got.dispatch
+    g = d.degradation
+    assert d.pool in CONFIG.pools
+    assert not p.gate(d.pool, ctl).refuse or p.gate(d.pool, ctl).probes_left is not None
+    assert g.static_reply == (g.level == 3)
+    if g.max_tokens_cap is not None:
+        assert g.max_tokens_cap < req.sampling.max_tokens
+        assert g.level == 2
+    if g.diverted_from is not None:
+        assert cls is not Priority.VIP
+        assert d.pool != g.diverted_from == screened.pool
+    else:
+        assert d.pool == screened.pool
+    assert (g.level == 0) == (got.reason in (ReasonCode.NONE, ReasonCode.QUOTA_DEGRADED))
