@@ -52,6 +52,7 @@ def default_services(
             {"SEAWALL_INGRESS_PORT": str(ingress_port)},
             listens=ingress_port,
         ),
+        ServiceSpec("admission", "services.admission", 1),
         ServiceSpec("controller", "services.controller", 1),
         ServiceSpec("worker-main", "services.workers", workers, {"SEAWALL_POOL": "main"}),
         ServiceSpec(
