@@ -135,6 +135,9 @@ class Worker(Component):
         self.batch_limit = settings.batch_limit
         self.started_at = clock.time()
         self._fetcher: asyncio.Task[Any] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        """Commit and telemetry loops: they run through the drain, then stop before what
+        they use is closed."""
 
     # -- lifecycle -------------------------------------------------------------
     async def on_start(self) -> None:
@@ -157,8 +160,10 @@ class Worker(Component):
         await self._consumer.start()
         self._status = "serving"
         self._fetcher = self.spawn(self._fetch_loop(), "fetch")
-        self.spawn(self._commit_loop(), "commit")
-        self.spawn(self._telemetry_loop(), "telemetry")
+        self._background = {
+            self.spawn(self._commit_loop(), "commit"),
+            self.spawn(self._telemetry_loop(), "telemetry"),
+        }
         log.info(
             "worker serving",
             extra={
@@ -190,6 +195,7 @@ class Worker(Component):
                     extra={"unfinished": len(unfinished)},
                 )
                 await cancel_tasks(unfinished)
+        await cancel_tasks(self._background)
         try:
             await self.commit_done()
         finally:
