@@ -17,6 +17,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.structs import ConsumerRecord
 
 from schemas import DeadLetter
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -159,4 +160,28 @@ async def send_dead_letter(
             "offset": offset,
             "reason": error.reason,
         },
+    )
+
+
+async def dead_letter_record(
+    producer: AIOKafkaProducer,
+    topics: Topics,
+    record: ConsumerRecord[bytes, bytes],
+    error: DecodeError,
+    *,
+    service: str,
+    clock: Clock = SYSTEM_CLOCK,
+) -> None:
+    """``send_dead_letter`` for a consumed record, kept whole."""
+    await send_dead_letter(
+        producer,
+        topics,
+        source_topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
+        raw=record.value,
+        error=error,
+        service=service,
+        clock=clock,
     )

@@ -31,7 +31,7 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import Counter
 
 from schemas import InferenceReply, ReplyChunk
-from services.common.bus import ensure_topics, make_consumer, send_dead_letter, topics_of
+from services.common.bus import dead_letter_record, ensure_topics, make_consumer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.lifecycle import Component, cancel_tasks
 from services.common.serde import REPLY, DecodeError, decode
@@ -212,15 +212,11 @@ class ReplyRouter(Component):
                     extra={"topic": record.topic, "offset": record.offset, "reason": e.reason},
                 )
                 return
-            await send_dead_letter(
+            await dead_letter_record(
                 self._dead_letters,
                 self._topics,
-                source_topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                key=record.key,
-                raw=record.value,
-                error=e,
+                record,
+                e,
                 service=f"reply-router:{self._settings.instance_id}",
                 clock=self._clock,
             )

@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
-from services.common.lifecycle import run_until_signalled
-from services.common.logs import configure
-from services.common.metrics import serve_metrics
+from services.common.main import run_service
 from services.ingress.service import IngressService
 from services.ingress.settings import IngressSettings
 
@@ -22,24 +19,10 @@ class _NoColour(logging.Filter):
         return True
 
 
-async def _run(settings: IngressSettings) -> int:
-    return await run_until_signalled(IngressService(settings), settings.shutdown_grace_s)
-
-
 def main() -> int:
     settings = IngressSettings()
-    configure(settings.log_level, settings.log_format)
     logging.getLogger("uvicorn.error").addFilter(_NoColour())
-    metrics = (
-        serve_metrics(settings.metrics_port, "ingress")
-        if settings.metrics_port is not None
-        else None
-    )
-    try:
-        return asyncio.run(_run(settings))
-    finally:
-        if metrics is not None:
-            metrics.close()
+    return run_service("ingress", settings, lambda: IngressService(settings))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError
 
 from schemas import InferenceReply, InferenceRequest, ReplyStatus
-from services.common.bus import make_consumer, send_dead_letter
+from services.common.bus import dead_letter_record, make_consumer
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.lifecycle import Component, cancel_tasks
 from services.common.serde import REQUEST, DecodeError, decode, encode
@@ -206,15 +206,11 @@ class KafkaIngress(Component):
         return None
 
     async def _dead_letter(self, record: Record, error: DecodeError) -> None:
-        await send_dead_letter(
+        await dead_letter_record(
             self._producer,
             self._topics,
-            source_topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            key=record.key,
-            raw=record.value,
-            error=error,
+            record,
+            error,
             service=f"ingress:{self._settings.instance_id}",
             clock=self._clock,
         )

@@ -45,10 +45,10 @@ from schemas import (
 from schemas.base import Message
 from schemas.requests import Priority
 from services.common.bus import (
+    dead_letter_record,
     ensure_topics,
     make_consumer,
     make_producer,
-    send_dead_letter,
     topics_of,
 )
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -272,15 +272,11 @@ class Worker(Component):
                 dispatched = decode(DISPATCH, record.value)
             except DecodeError as e:
                 m.REQUESTS.labels("dead_letter").inc()
-                await send_dead_letter(
+                await dead_letter_record(
                     self._producer,
                     self.topics,
-                    source_topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                    key=record.key,
-                    raw=record.value,
-                    error=e,
+                    record,
+                    e,
                     service=f"worker:{self.worker_id}",
                     clock=self.clock,
                 )
@@ -425,17 +421,11 @@ class Worker(Component):
         except KafkaTimeoutError:
             # The reply topic does not exist (or the broker is gone: then this fails too,
             # and the worker restarts). Keep the request where an operator can see it.
-            await send_dead_letter(
+            await dead_letter_record(
                 self._producer,
                 self.topics,
-                source_topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                key=record.key,
-                raw=record.value,
-                error=DecodeError(
-                    "reply_topic_unreachable", f"could not deliver to {req.reply_to!r}"
-                ),
+                record,
+                DecodeError("reply_topic_unreachable", f"could not deliver to {req.reply_to!r}"),
                 service=f"worker:{self.worker_id}",
                 clock=self.clock,
             )
