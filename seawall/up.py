@@ -53,7 +53,10 @@ def default_services(
             listens=ingress_port,
         ),
         ServiceSpec("admission", "services.admission", 1),
-        ServiceSpec("controller", "services.controller", 1),
+        # Every simulated worker shares this machine: its CPU says nothing about one.
+        ServiceSpec(
+            "controller", "services.controller", 1, {"SEAWALL_CONTROLLER_HOST_CPU_BREAKER": "false"}
+        ),
         ServiceSpec("worker-main", "services.workers", workers, {"SEAWALL_POOL": "main"}),
         ServiceSpec(
             "worker-small",

@@ -98,6 +98,9 @@ class EngineConfig:
     max_telemetry_age_s: float = 30.0
     small_pool: str = "small"
     max_tokens_cap: int = 512
+    host_cpu_breaker: bool = True
+    """Whether heartbeats' host CPU feeds the breaker matrix. Off where workers share
+    one host (the embedded stack): there it says nothing about any one worker."""
 
     def __post_init__(self) -> None:
         if not 0 < self.republish_s < self.valid_for_s <= MAX_SECONDS:
@@ -149,6 +152,7 @@ def scaled_config(
     max_telemetry_age_s: float,
     small_pool: str,
     max_tokens_cap: int,
+    host_cpu_breaker: bool = True,
 ) -> EngineConfig:
     """The default policies with every window and hold multiplied by ``time_scale``."""
     k = time_scale
@@ -177,6 +181,7 @@ def scaled_config(
         max_telemetry_age_s=max_telemetry_age_s,
         small_pool=small_pool,
         max_tokens_cap=max_tokens_cap,
+        host_cpu_breaker=host_cpu_breaker,
     )
 
 
@@ -418,8 +423,9 @@ class PoolEngine:
             self._gpu_memory.record(now, headroom)
             self._gpu_temperature.record(now, event.temperature_c)
         else:
-            worker.cpu.record(now, event.host_cpu_pct)
-            self._cpu.record(now, event.host_cpu_pct)
+            if self.config.host_cpu_breaker:
+                worker.cpu.record(now, event.host_cpu_pct)
+                self._cpu.record(now, event.host_cpu_pct)
             back = self._monitor.beat(worker.scope, now)
             if back is not None:
                 worker.lost_since = None

@@ -37,6 +37,9 @@ class ControllerSettings(CommonSettings):
     """Degradation level 1: where a pool's non-VIP work is diverted."""
     controller_max_tokens_cap: int = Field(default=512, ge=1, le=32_768)
     """Degradation level 2: the ``max_tokens`` cap of long requests."""
+    controller_host_cpu_breaker: bool = True
+    """Feed heartbeats' host CPU to the breaker matrix (off where workers share a host,
+    as in ``seawall up``'s simulated fleet)."""
     controller_session_timeout_s: float = Field(default=10.0, ge=3, le=300)
     """Consumer-group session: how soon a crashed controller's partitions move on."""
 
@@ -62,4 +65,5 @@ class ControllerSettings(CommonSettings):
             max_telemetry_age_s=self.controller_max_telemetry_age_s,
             small_pool=self.controller_small_pool,
             max_tokens_cap=self.controller_max_tokens_cap,
+            host_cpu_breaker=self.controller_host_cpu_breaker,
         )

@@ -258,6 +258,16 @@ def test_an_over_temperature_gpu_puts_the_pool_on_level_3() -> None:
     assert ladder.evidence.thresholds["gpu_temperature_c"] == 85.0
 
 
+@pytest.mark.parametrize("host_cpu_breaker", [True, False])
+def test_host_cpu_feeds_the_breaker_only_when_enabled(host_cpu_breaker: bool) -> None:
+    fleet = Fleet(EngineConfig(host_cpu_breaker=host_cpu_breaker))
+    for _ in range(40):  # longer than the CPU row's window
+        fleet.feed(heartbeat("w1", fleet.now, cpu=99.0))
+        fleet.tick(1.0)
+    states = breaker_states(fleet.events, "worker:w1")
+    assert ("open" in states) is host_cpu_breaker
+
+
 @pytest.mark.parametrize(
     ("used", "reserved", "pct"),
     [
