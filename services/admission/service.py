@@ -254,7 +254,11 @@ class Admission(Component):
                 self._breakers[event.scope] = (event.state, event.level)
                 log.warning(
                     "pool breaker changed",
-                    extra={"scope": event.scope, "state": event.state, "level": event.level},
+                    extra={
+                        "scope": event.scope,
+                        "state": event.state,
+                        "breaker_level": int(event.level),
+                    },
                 )
         self._wake.set()
 

@@ -289,8 +289,10 @@ class _Worker:
         self.batch: AdaptiveBatchLimit | None = None
         self.max_num_seqs: int | None = None
         self.lost_since: float | None = None
-        self.memory_reserved = 0.0
-        """The engine's ``gpu_memory_utilization``, from its ``EngineStats``."""
+        self.memory_reserved: float | None = None
+        """The engine's ``gpu_memory_utilization``, from its ``EngineStats``; until one
+        arrives (telemetry of different kinds can come out of order, e.g. from a backlog
+        read at start) GPU memory is not judged at all."""
 
 
 class PoolEngine:
@@ -416,11 +418,12 @@ class PoolEngine:
         elif isinstance(event, EngineStats):
             self._on_engine_stats(worker, event, now)
         elif isinstance(event, GpuStats):
-            headroom = memory_headroom_pct(
-                event.memory_used_bytes, event.memory_total_bytes, worker.memory_reserved
-            )
-            worker.gpu_memory.record(now, headroom)
-            self._gpu_memory.record(now, headroom)
+            if worker.memory_reserved is not None:
+                headroom = memory_headroom_pct(
+                    event.memory_used_bytes, event.memory_total_bytes, worker.memory_reserved
+                )
+                worker.gpu_memory.record(now, headroom)
+                self._gpu_memory.record(now, headroom)
             self._gpu_temperature.record(now, event.temperature_c)
         else:
             if self.config.host_cpu_breaker:

@@ -284,6 +284,14 @@ def test_gpu_memory_is_measured_against_the_headroom(
     assert memory_headroom_pct(int(used * 80 * GIB), 80 * GIB, reserved) == pytest.approx(pct)
 
 
+def test_gpu_memory_is_not_judged_before_the_engine_reported_its_reservation() -> None:
+    fleet = Fleet()
+    for _ in range(40):  # GpuStats only, as from a backlog read out of order
+        fleet.feed(heartbeat("w1", fleet.now), gpu("w1", fleet.now, memory_pct=90.0))
+        fleet.tick(1.0)
+    assert set(breaker_states(fleet.events, "worker:w1")) == {"closed"}
+
+
 def test_vllm_preallocation_does_not_trip_the_memory_breaker_but_a_leak_does() -> None:
     fleet = Fleet()
     fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0, gpu_memory_utilization=0.9))
