@@ -83,6 +83,7 @@ from services.admission.quota import (
 from services.admission.scheduler import ClassLoad, PriorityScheduler
 from services.admission.settings import AdmissionSettings
 from services.common.bus import (
+    commit_done,
     ensure_topics,
     make_consumer,
     make_producer,
@@ -633,14 +634,7 @@ class Admission(Component):
 
     # -- commits and rebalances -----------------------------------------------------------
     async def commit_done(self) -> None:
-        commits = self.offsets.take_commits()
-        if not commits:
-            return
-        try:
-            await self._consumer.commit(commits)
-        except CommitFailedError as e:
-            # A rebalance took the partitions: the new owner decides them again.
-            log.warning("commit failed", extra={"error": str(e)})
+        await commit_done(self._consumer, self.offsets)
 
     async def _commit_loop(self) -> None:
         while True:

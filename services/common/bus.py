@@ -14,13 +14,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
 from aiokafka.structs import ConsumerRecord
 
 from schemas import DeadLetter
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.offsets import OffsetTracker
 from services.common.serde import DecodeError, encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics, TopicSpec
@@ -185,3 +186,16 @@ async def dead_letter_record(
         service=service,
         clock=clock,
     )
+
+
+async def commit_done(consumer: AIOKafkaConsumer, offsets: OffsetTracker[TopicPartition]) -> None:
+    """Commit what became safe to commit. A commit that loses to a rebalance is logged,
+    not raised: the partitions' new owner processes those records again, and the
+    duplicates are dropped downstream by request id."""
+    commits = offsets.take_commits()
+    if not commits:
+        return
+    try:
+        await consumer.commit(commits)
+    except CommitFailedError as e:
+        log.warning("commit failed", extra={"error": str(e)})

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import psutil
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from aiokafka.structs import ConsumerRecord
 
 from schemas import (
@@ -45,6 +45,7 @@ from schemas import (
 from schemas.base import Message
 from schemas.requests import Priority
 from services.common.bus import (
+    commit_done,
     dead_letter_record,
     ensure_topics,
     make_consumer,
@@ -454,15 +455,8 @@ class Worker(Component):
 
     # -- commits ---------------------------------------------------------------
     async def commit_done(self) -> None:
-        commits = self.offsets.take_commits()
-        if not commits or self._consumer is None:
-            return
-        try:
-            await self._consumer.commit(commits)
-        except CommitFailedError as e:
-            # A rebalance took the partitions: the new owner re-processes (duplicates are
-            # dropped by request id downstream).
-            log.warning("commit failed", extra={"error": str(e)})
+        if self._consumer is not None:
+            await commit_done(self._consumer, self.offsets)
 
     async def _commit_loop(self) -> None:
         while True:
