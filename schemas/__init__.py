@@ -29,6 +29,7 @@ from schemas.replies import (
 )
 from schemas.requests import (
     TIER_PRIORITY,
+    AbortRequest,
     ChatMessage,
     ClientMeta,
     Degradation,
@@ -49,6 +50,7 @@ from schemas.telemetry import (
 
 TOP_LEVEL: tuple[type[Message], ...] = (
     InferenceRequest,
+    AbortRequest,
     DispatchedRequest,
     ReplyChunk,
     InferenceReply,
@@ -70,6 +72,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "TIER_PRIORITY",
     "TOP_LEVEL",
+    "AbortRequest",
     "AuditEvent",
     "BatchLimit",
     "BreakerLevel",

@@ -130,3 +130,21 @@ class DispatchedRequest(Message):
     degradation: Degradation = Degradation()
     attempt: int = Field(default=1, ge=1, le=100)
     admitted_at: Timestamp
+
+
+class AbortRequest(Message):
+    """A producer on the ingress topic no longer wants ``request_id`` answered (it timed
+    out or was cancelled). Ingress marks it aborted; admission then answers it
+    ``cancelled`` instead of dispatching it, if it has not been dispatched yet.
+
+    The key id must be live (as for a request). Request ids are the producer's own
+    random ids, so knowing one is what entitles a producer to abort it.
+    """
+
+    type: Literal["abort_request"] = "abort_request"
+    request_id: Ident
+    api_key_id: Ident
+    created_at: Timestamp
+    deadline_at: Timestamp | None = None
+    """The request's deadline: the abort marker outlives it, then expires."""
+    cause: Annotated[str, StringConstraints(max_length=64, pattern=r"^[a-z_]*$")] = "client_abort"

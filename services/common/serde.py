@@ -4,12 +4,13 @@ any bad record into a ``DecodeError`` with a stable reason code (never a crash).
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, Discriminator, Tag, TypeAdapter, ValidationError
 
 from schemas import (
     SCHEMA_VERSION,
+    AbortRequest,
     ControlEvent,
     DispatchedRequest,
     InferenceRequest,
@@ -24,6 +25,21 @@ DISPATCH: TypeAdapter[DispatchedRequest] = TypeAdapter(DispatchedRequest)
 REPLY: TypeAdapter[ReplyMessage] = TypeAdapter(ReplyMessage)
 TELEMETRY: TypeAdapter[TelemetryEvent] = TypeAdapter(TelemetryEvent)
 CONTROL: TypeAdapter[ControlEvent] = TypeAdapter(ControlEvent)
+
+
+def _ingress_kind(data: Any) -> str:
+    # ``type`` may be left out of a request (it has a default); only an abort names itself.
+    kind = data.get("type") if isinstance(data, dict) else getattr(data, "type", None)
+    return "abort_request" if kind == "abort_request" else "inference_request"
+
+
+IngressMessage = Annotated[
+    Annotated[InferenceRequest, Tag("inference_request")]
+    | Annotated[AbortRequest, Tag("abort_request")],
+    Discriminator(_ingress_kind),
+]
+#: What producers post on the ingress topic: requests, and aborts of their own requests.
+INGRESS: TypeAdapter[InferenceRequest | AbortRequest] = TypeAdapter(IngressMessage)
 
 MAX_ERRORS_SHOWN = 5
 

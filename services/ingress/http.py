@@ -444,4 +444,4 @@ class _Waiter:
             else:
                 cause = "disconnect" if self._router.running else "shutdown"
             with contextlib.suppress(RedisError):
-                await self._gate.abort(self._request, cause)
+                await self._gate.abort(self._request.request_id, self._request.deadline_at, cause)

@@ -11,6 +11,9 @@ dead letter — and the batch is committed once every effect is acknowledged. A 
 before the commit means the batch comes again; its duplicates carry the same request
 ids and are dropped downstream.
 
+- An ``AbortRequest`` from a live key sets the abort marker of its request id (as HTTP
+  ingress does when its client goes away); one from a key that is not live is
+  dead-lettered with the refusal's code.
 - A record that does not decode is dead-lettered (``invalid_json``, ...), and so is one
   whose ``reply_to`` is not a reply topic (``invalid_reply_to``): ingress writes
   replies onto reply topics only, never onto a topic a producer merely names.
@@ -33,11 +36,11 @@ from aiokafka.errors import CommitFailedError, KafkaTimeoutError
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError
 
-from schemas import InferenceReply, InferenceRequest, ReplyStatus
+from schemas import AbortRequest, InferenceReply, InferenceRequest, ReplyStatus
 from services.common.bus import dead_letter_record, make_consumer
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.lifecycle import Component, cancel_tasks
-from services.common.serde import REQUEST, DecodeError, decode, encode
+from services.common.serde import INGRESS, DecodeError, decode, encode
 from services.common.topics import Topics
 from services.ingress import metrics as m
 from services.ingress.pipeline import Gate, Refusal
@@ -60,11 +63,16 @@ class _Reject:
 
 
 @dataclass(frozen=True, slots=True)
+class _Aborted:
+    """The abort marker is set; nothing is left to apply."""
+
+
+@dataclass(frozen=True, slots=True)
 class _DeadLetter:
     error: DecodeError
 
 
-_Effect = _Publish | _Reject | _DeadLetter
+_Effect = _Publish | _Reject | _Aborted | _DeadLetter
 
 
 class KafkaIngress(Component):
@@ -153,9 +161,11 @@ class KafkaIngress(Component):
 
     async def _judge(self, record: Record) -> _Effect:
         try:
-            request = decode(REQUEST, record.value)
+            request = decode(INGRESS, record.value)
         except DecodeError as e:
             return _DeadLetter(e)
+        if isinstance(request, AbortRequest):
+            return await self._judge_abort(request)
         reply_to = request.reply_to
         if not reply_to.startswith(self._reply_prefix) or reply_to == self._reply_prefix:
             return _DeadLetter(
@@ -175,6 +185,16 @@ class KafkaIngress(Component):
         if isinstance(prepared, Refusal):
             return _Reject(request, prepared)
         return _Publish(prepared)
+
+    async def _judge_abort(self, abort: AbortRequest) -> _Effect:
+        principal = await self._gate.identify(abort.api_key_id)
+        if isinstance(principal, Refusal):
+            # No reply topic to answer on: the refusal goes to the dead letters.
+            return _DeadLetter(DecodeError(principal.code, principal.message))
+        # Set here, not when applying: a Redis failure then retries the batch like a
+        # failed key lookup does. The marker is idempotent.
+        await self._gate.abort(abort.request_id, abort.deadline_at, abort.cause)
+        return _Aborted()
 
     async def _apply(self, record: Record, effect: _Effect) -> asyncio.Future[Any] | None:
         """Queue the effect; the future of its ack (``None``: already acknowledged)."""
@@ -201,6 +221,9 @@ class KafkaIngress(Component):
                 await self._dead_letter(record, DecodeError("reply_topic_unreachable", error))
                 return None
             return fut
+        if isinstance(effect, _Aborted):
+            m.REQUESTS.labels("kafka", "aborted").inc()
+            return None
         m.REQUESTS.labels("kafka", "dead_letter").inc()
         await self._dead_letter(record, effect.error)
         return None

@@ -317,13 +317,13 @@ class Gate:
         )
         return fut
 
-    async def abort(self, request: InferenceRequest, cause: str) -> None:
+    async def abort(self, request_id: str, deadline_at: float | None, cause: str) -> None:
         """Mark a published request as unwanted: admission answers it ``cancelled``
         instead of dispatching it. The marker outlives the request's deadline (after
         which admission expires it anyway) by ``ABORT_MARKER_MARGIN_S``."""
-        deadline = request.deadline_at if request.deadline_at is not None else self._clock.time()
+        deadline = deadline_at if deadline_at is not None else self._clock.time()
         ttl = max(1, math.ceil(deadline - self._clock.time())) + ABORT_MARKER_MARGIN_S
-        await cast(Any, self._redis.set(self._redis_keys.abort(request.request_id), cause, ex=ttl))
+        await cast(Any, self._redis.set(self._redis_keys.abort(request_id), cause, ex=ttl))
         m.ABORTS.labels(cause).inc()
 
 

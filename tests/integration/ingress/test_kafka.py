@@ -3,6 +3,7 @@ with their key id and their own reply topic."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -10,11 +11,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas import (
+    AbortRequest,
     ClientMeta,
     DeadLetter,
     InferenceRequest,
@@ -27,8 +30,9 @@ from schemas import (
 from services.common.bus import make_consumer, make_producer
 from services.common.serde import encode
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
+from services.common.topics import RedisKeys, Topics
 from services.ingress.keys import key_id_of
+from services.ingress.pipeline import ABORT_MARKER_MARGIN_S
 from services.ingress.service import IngressService
 from tests.fleet import ReplyReader, produce
 from tests.integration.ingress.conftest import Downstream, Keys
@@ -230,6 +234,32 @@ async def test_bad_records_are_dead_lettered_or_rejected_and_consuming_goes_on(
     assert [r.request_id for _, _, r in downstream.seen] == ["good"]
     assert ingress.kafka.running
     assert not ingress.failed.is_set()
+
+
+async def test_aborts_from_live_keys_mark_their_request_others_are_dead_lettered(
+    ingress: IngressService,
+    keys: Keys,
+    settings: CommonSettings,
+    topics: Topics,
+    redis: aioredis.Redis,
+    dead_letters: DeadLetters,
+) -> None:
+    now = time.time()
+    live = AbortRequest(
+        request_id="ab-1", api_key_id=key_id(keys.pro), created_at=now, deadline_at=now + 30
+    )
+    unknown = AbortRequest(request_id="ab-2", api_key_id="0123456789ab", created_at=now)
+    await produce(settings, topics.ingress, [unknown, live])
+    await drain(lambda: len(dead_letters.letters) >= 1, dead_letters.poll)
+    (letter,) = dead_letters.letters
+    assert letter.reason == "invalid_api_key"
+    marks = RedisKeys(settings.redis_prefix)
+    deadline = time.monotonic() + 30
+    while not await redis.exists(marks.abort("ab-1")):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert 30 < await redis.ttl(marks.abort("ab-1")) <= 31 + ABORT_MARKER_MARGIN_S
+    assert not await redis.exists(marks.abort("ab-2"))
 
 
 _JSON = st.recursive(
