@@ -11,8 +11,9 @@ terminal ``InferenceReply``, after which the stream ends.
   produced before ``start`` returned are not seen.
 - At-least-once delivery upstream means duplicates: a chunk whose ``seq`` was already
   delivered, and anything after the terminal reply (a second terminal reply included),
-  is dropped (``duplicate``). After ``unregister`` every record for the id is an
-  ``orphan``.
+  is dropped (``duplicate``). After ``unregister`` records for the id still count as
+  ``duplicate`` while it is among the last ``remember`` unregistered ids, then as
+  ``orphan``. ``counts`` holds this router's own tallies (the metric sums all routers).
 - There is no consumer group (every owner reads its own topic whole) and so no commit.
 - A record that does not decode is dead-lettered when a producer is given, else logged
   and counted; either way the router carries on.
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter as Tally
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -124,8 +127,13 @@ class ReplyRouter(Component):
         *,
         dead_letters: AIOKafkaProducer | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        remember: int = 10_000,
     ) -> None:
         super().__init__()
+        self.counts: Tally[str] = Tally()
+        """Records read by this router, by outcome (as the metric's ``outcome`` label)."""
+        self._remember = remember
+        self._done: OrderedDict[str, None] = OrderedDict()
         self._settings = settings
         self._topics = topics_of(settings)
         self._spec = self._topics.reply_spec(owner)
@@ -149,8 +157,11 @@ class ReplyRouter(Component):
         return stream
 
     def unregister(self, request_id: str) -> None:
-        """Forget a request (idempotent); later records for it are orphans."""
-        self._streams.pop(request_id, None)
+        """Stop routing a request's records (idempotent); see the module notes."""
+        if self._streams.pop(request_id, None) is not None and self._remember:
+            self._done[request_id] = None
+            if len(self._done) > self._remember:
+                self._done.popitem(last=False)
 
     @property
     def waiting(self) -> int:
@@ -205,7 +216,7 @@ class ReplyRouter(Component):
         try:
             item = decode(REPLY, record.value)
         except DecodeError as e:
-            RECORDS.labels("undecodable").inc()
+            self._count("undecodable")
             if self._dead_letters is None:
                 log.warning(
                     "undecodable reply record skipped",
@@ -223,8 +234,12 @@ class ReplyRouter(Component):
             return
         stream = self._streams.get(item.request_id)
         if stream is None:
-            RECORDS.labels("orphan").inc()
+            self._count("duplicate" if item.request_id in self._done else "orphan")
         elif stream.deliver(item):
-            RECORDS.labels("delivered").inc()
+            self._count("delivered")
         else:
-            RECORDS.labels("duplicate").inc()
+            self._count("duplicate")
+
+    def _count(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+        RECORDS.labels(outcome).inc()
