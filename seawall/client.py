@@ -1,0 +1,323 @@
+"""The async client SDK: post requests onto the ingress topic, await them on your own
+reply topic.
+
+    async with SeawallClient(api_key_id="k_…") as client:
+        reply = await client.complete("Summarise this ticket: …", max_tokens=64)
+        async for item in client.stream("Tell me a story", max_tokens=200):
+            ...  # ReplyChunk items, then the terminal InferenceReply
+
+- **Reply topic**: one per client instance, ``llm.reply.<owner>``, created on start
+  with one partition and one hour's retention (``Topics.reply_spec``); the client reads
+  it from its end, so start the client before sending.
+- **Identity**: the request names the key by its id, never the secret; ingress takes
+  the tenant, tier and priority from the key's record.
+- **Exactly one terminal reply** per call: replies are matched by request id; chunks
+  seen before and any record after the terminal reply (at-least-once upstream) are
+  dropped and counted in ``stats.duplicates``.
+- **Retries** (``seawall.retry``): retryable rejections are sent again as a new attempt
+  with the id ``<request_id>.<n>`` (so that a late copy of an earlier attempt's
+  rejection is never taken for the new attempt's answer), after backoff with full jitter
+  on top of ``Retry-After``, within the retry budget and the request's deadline. A
+  streamed request is not retried once a chunk reached the caller.
+- **Timeouts and cancellation**: ``timeout_s`` bounds the whole call, retries included,
+  and is sent as the request's deadline. A call that times out (``TimeoutError``), is
+  cancelled, or whose stream the caller abandons sends an ``AbortRequest``: admission
+  answers the request ``cancelled`` instead of dispatching it, if it is still queued.
+- ``SyncSeawallClient`` is the same for scripts, without ``async``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from schemas import (
+    AbortRequest,
+    ChatMessage,
+    InferenceReply,
+    InferenceRequest,
+    SamplingParams,
+)
+from seawall.retry import RetryBudget, RetryPolicy, retry_after_s, retryable
+from services.common.bus import make_producer, topics_of
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.lifecycle import Component
+from services.common.replies import ReplyItem, ReplyRouter, ReplyRouterClosed
+from services.common.serde import encode
+from services.common.settings import CommonSettings
+
+__all__ = [
+    "ClientStats",
+    "ReplyRouterClosed",
+    "RetryPolicy",
+    "SeawallClient",
+    "SyncSeawallClient",
+]
+
+T = TypeVar("T")
+Messages = Sequence[ChatMessage | Mapping[str, str]]
+
+
+@dataclass(slots=True)
+class ClientStats:
+    submitted: int = 0
+    """Calls of ``complete``/``stream``: logical requests."""
+    attempts: int = 0
+    """Requests put on the ingress topic, retries included."""
+    retries: int = 0
+    terminal_replies: int = 0
+    """Terminal replies handed to the caller: one per call that did not time out."""
+    timeouts: int = 0
+    aborted: int = 0
+    """Abort requests sent (timeouts, cancellations, abandoned streams)."""
+    duplicates: int = 0
+    """Reply records dropped as repeats of what was already delivered."""
+
+
+class SeawallClient(Component):
+    name = "seawall-client"
+
+    def __init__(
+        self,
+        *,
+        api_key_id: str,
+        settings: CommonSettings | None = None,
+        owner: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout_s: float = 60.0,
+        rng: random.Random | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        super().__init__()
+        self._settings = settings or CommonSettings()
+        self._topics = topics_of(self._settings)
+        self._key_id = api_key_id
+        self._owner = owner or f"sdk-{uuid.uuid4().hex[:12]}"
+        self._policy = retry or RetryPolicy()
+        self._budget = RetryBudget(self._policy)
+        self._timeout_s = timeout_s
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._stats = ClientStats()
+        self._producer: AIOKafkaProducer | None = None
+        self._router: ReplyRouter | None = None
+
+    @property
+    def reply_topic(self) -> str:
+        return self._topics.reply(self._owner)
+
+    @property
+    def stats(self) -> ClientStats:
+        if self._router is not None:
+            self._stats.duplicates = self._router.counts["duplicate"]
+        return self._stats
+
+    async def on_start(self) -> None:
+        self._producer = make_producer(self._settings)
+        await self._producer.start()
+        self._router = ReplyRouter(
+            self._settings, self._owner, dead_letters=self._producer, clock=self._clock
+        )
+        await self._router.start()
+
+    async def on_stop(self) -> None:
+        if self._router is not None:
+            await self._router.stop()
+        if self._producer is not None:
+            await self._producer.stop()  # flushes what is queued: aborts included
+
+    async def complete(
+        self, prompt: str | None = None, *, messages: Messages | None = None, **options: Any
+    ) -> InferenceReply:
+        """Send a request and return its terminal reply, whatever its status (a
+        ``rejected`` one has used up its retries or is not retryable). Options: as
+        ``stream``."""
+        async for item in self._call(prompt, messages, stream=False, **options):
+            if isinstance(item, InferenceReply):
+                return item
+        raise AssertionError("a call ends with its terminal reply")
+
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Messages | None = None,
+        **options: Any,
+    ) -> AsyncIterator[ReplyItem]:
+        """Send a streamed request: its ``ReplyChunk``s as they come, then its terminal
+        ``InferenceReply``. Options: ``max_tokens``, ``temperature``, ``top_p``, ``stop``,
+        ``seed``, ``session_id``, ``request_id``, ``timeout_s``, ``model``, ``pool``."""
+        return self._call(prompt, messages, stream=True, **options)
+
+    async def _call(
+        self,
+        prompt: str | None,
+        messages: Messages | None,
+        *,
+        stream: bool,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+        session_id: str | None = None,
+        model: str = "default",
+        pool: str = "main",
+        **sampling: Any,
+    ) -> AsyncIterator[ReplyItem]:
+        router, producer = self._router, self._producer
+        if router is None or producer is None or not self.running:
+            raise ReplyRouterClosed("the client is not started")
+        loop = asyncio.get_running_loop()
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        give_up_at = loop.time() + timeout
+        created = self._clock.time()
+        base_id = request_id or uuid.uuid4().hex
+        template = InferenceRequest(
+            request_id=base_id,
+            # Ingress replaces it with the key's tenant; the key id stands in until then.
+            tenant=self._key_id,
+            api_key_id=self._key_id,
+            model=model,
+            pool=pool,
+            prompt=prompt,
+            messages=None if messages is None else tuple(_message(m) for m in messages),
+            sampling=SamplingParams(**sampling),
+            stream=stream,
+            reply_to=router.topic,
+            created_at=created,
+            deadline_at=created + timeout,
+            session_id=session_id,
+        )
+        self._stats.submitted += 1
+        self._budget.deposit()
+        attempt = 1
+        while True:
+            request = template.model_copy(
+                update={"request_id": base_id if attempt == 1 else f"{base_id}.{attempt}"}
+            )
+            replies = router.register(request.request_id)
+            delivered = False
+            finished = False
+            try:
+                await producer.send_and_wait(
+                    self._topics.ingress, encode(request), key=request.partition_key.encode()
+                )
+                self._stats.attempts += 1
+                while True:
+                    async with asyncio.timeout_at(give_up_at):
+                        item = await replies.next()
+                    if isinstance(item, InferenceReply):
+                        terminal = item
+                        break
+                    delivered = True
+                    yield item
+                finished = True
+            except TimeoutError:
+                self._stats.timeouts += 1
+                raise
+            finally:
+                router.unregister(request.request_id)
+                if not finished:
+                    # Timed out, cancelled, abandoned by the caller or the client stopped.
+                    await self._abort(request)
+            wait = self._policy.backoff_s(attempt, retry_after_s(terminal), self._rng)
+            if (
+                not delivered
+                and retryable(terminal)
+                and attempt < self._policy.max_attempts
+                and loop.time() + wait < give_up_at
+                and self._budget.withdraw(loop.time())
+            ):
+                self._stats.retries += 1
+                attempt += 1
+                await asyncio.sleep(wait)
+                continue
+            self._stats.terminal_replies += 1
+            yield terminal
+            return
+
+    async def _abort(self, request: InferenceRequest) -> None:
+        if self._producer is None or not self.running:
+            return
+        abort = AbortRequest(
+            request_id=request.request_id,
+            api_key_id=self._key_id,
+            created_at=self._clock.time(),
+            deadline_at=request.deadline_at,
+        )
+        # Queued, not awaited to the broker's ack: this may run while the caller is
+        # being cancelled. Stopping the client flushes it.
+        with contextlib.suppress(KafkaError):
+            await self._producer.send(
+                self._topics.ingress, encode(abort), key=request.partition_key.encode()
+            )
+            self._stats.aborted += 1
+
+
+def _message(m: ChatMessage | Mapping[str, str]) -> ChatMessage:
+    return m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m)
+
+
+class SyncSeawallClient:
+    """``SeawallClient`` for scripts: blocking calls, the client's event loop on a
+    thread of its own."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._client: SeawallClient | None = None
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _make(self) -> SeawallClient:
+        return SeawallClient(**self._options)
+
+    def start(self) -> None:
+        if self._client is not None:
+            return
+        self._thread.start()
+        self._client = self._run(self._make())
+        self._run(self._client.start())
+
+    def stop(self) -> None:
+        if self._client is None or self._loop.is_closed():
+            return
+        try:
+            self._run(self._client.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def complete(
+        self, prompt: str | None = None, *, messages: Messages | None = None, **options: Any
+    ) -> InferenceReply:
+        assert self._client is not None, "start the client first (or use it in a with block)"
+        return self._run(self._client.complete(prompt, messages=messages, **options))
+
+    @property
+    def stats(self) -> ClientStats:
+        assert self._client is not None
+        return self._client.stats
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
