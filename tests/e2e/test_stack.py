@@ -5,116 +5,16 @@ and the same from a record on the ingress topic with the producer's own reply to
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
-import psutil
-import pytest
 
-from schemas import InferenceRequest, ReplyStatus, SamplingParams
-from seawall import embedded
+from schemas import InferenceRequest, ReplyChunk, ReplyStatus, SamplingParams
+from seawall.client import SeawallClient
 from services.common.bus import topics_of
-from services.common.settings import CommonSettings
+from tests.e2e.conftest import Stack
 from tests.fleet import ReplyReader, produce
-
-
-@dataclass(frozen=True)
-class Stack:
-    proc: subprocess.Popen[str]
-    url: str
-    env: dict[str, str]
-    settings: CommonSettings
-
-    def key(self, tenant: str, tier: str) -> dict[str, str]:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "seawall.cli",
-                "keys",
-                "create",
-                "--tenant",
-                tenant,
-                "--tier",
-                tier,
-                "--json",
-            ],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        doc: dict[str, str] = json.loads(out.stdout)
-        return doc
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Stack]:
-    state = tmp_path_factory.mktemp("stack")
-    ingress_port = embedded.free_port()
-    prefix = f"e2e{uuid.uuid4().hex[:6]}."
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
-    env["SEAWALL_ENV_FILE"] = str(state / "stack.env")
-    env["SEAWALL_REDIS_PREFIX"] = f"test:{prefix}"
-    argv = [
-        sys.executable,
-        "-m",
-        "seawall.cli",
-        "up",
-        "--broker-port",
-        str(embedded.free_port()),
-        "--ingress-port",
-        str(ingress_port),
-        "--redis",
-        redis_url,
-        "--topic-prefix",
-        prefix,
-        "--state-dir",
-        str(state),
-        "--workers",
-        "1",
-        "--small-workers",
-        "1",
-    ]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    seen = []
-    deadline = time.monotonic() + 150
-    for line in proc.stdout:
-        seen.append(line)
-        if "seawall is up" in line or time.monotonic() > deadline:
-            break
-    if "seawall is up" not in "".join(seen):
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the stack did not come up:\n" + "".join(seen))
-    children = psutil.Process(proc.pid).children(recursive=True)
-    settings = CommonSettings(_env_file=str(state / "stack.env"))  # type: ignore[call-arg]
-    try:
-        yield Stack(proc, f"http://127.0.0.1:{ingress_port}", env, settings)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(timeout=90) == 0
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        _, alive = psutil.wait_procs(children, timeout=10)
-        assert alive == [], "seawall up left processes behind"
 
 
 def test_http_json_round_trip(stack: Stack) -> None:
@@ -191,3 +91,15 @@ async def test_kafka_ingress_answers_on_the_producers_own_reply_topic(stack: Sta
     (reply,) = client.terminals[request.request_id]
     assert reply.status is ReplyStatus.OK
     assert reply.completion_tokens == 10
+
+
+async def test_the_sdk_completes_and_streams_through_the_stack(stack: Stack) -> None:
+    key = stack.key("acme-sdk", "enterprise")
+    async with SeawallClient(api_key_id=key["key_id"], settings=stack.settings) as client:
+        reply = await client.complete("hello", max_tokens=6, timeout_s=90)
+        assert (reply.status, reply.completion_tokens) == (ReplyStatus.OK, 6)
+        items = [item async for item in client.stream("a story", max_tokens=30, timeout_s=90)]
+    *chunks, terminal = items
+    assert chunks
+    assert "".join(c.text for c in chunks if isinstance(c, ReplyChunk)) == terminal.text
+    assert client.stats.terminal_replies == client.stats.submitted == 2
