@@ -20,7 +20,8 @@ reply topic.
   on top of ``Retry-After``, within the retry budget and the request's deadline. A
   streamed request is not retried once a chunk reached the caller.
 - **Timeouts and cancellation**: ``timeout_s`` bounds the whole call, retries included,
-  and is sent as the request's deadline. A call that times out (``TimeoutError``), is
+  and is sent as the request's deadline; the client waits ``reply_margin_s`` beyond it
+  for the fleet's own ``expired`` answer. A call that times out (``TimeoutError``), is
   cancelled, or whose stream the caller abandons sends an ``AbortRequest``: admission
   answers the request ``cancelled`` instead of dispatching it, if it is still queued.
 - ``SyncSeawallClient`` is the same for scripts, without ``async``.
@@ -95,6 +96,7 @@ class SeawallClient(Component):
         owner: str | None = None,
         retry: RetryPolicy | None = None,
         timeout_s: float = 60.0,
+        reply_margin_s: float = 2.0,
         rng: random.Random | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -106,6 +108,7 @@ class SeawallClient(Component):
         self._policy = retry or RetryPolicy()
         self._budget = RetryBudget(self._policy)
         self._timeout_s = timeout_s
+        self._margin_s = reply_margin_s
         self._rng = rng or random.Random()
         self._clock = clock
         self._stats = ClientStats()
@@ -177,7 +180,10 @@ class SeawallClient(Component):
             raise ReplyRouterClosed("the client is not started")
         loop = asyncio.get_running_loop()
         timeout = self._timeout_s if timeout_s is None else timeout_s
-        give_up_at = loop.time() + timeout
+        deadline = loop.time() + timeout
+        # The fleet answers a request it could not serve in time 'expired': wait a little
+        # past the deadline for that answer rather than guess it.
+        give_up_at = deadline + self._margin_s
         created = self._clock.time()
         base_id = request_id or uuid.uuid4().hex
         template = InferenceRequest(
@@ -233,7 +239,7 @@ class SeawallClient(Component):
                 not delivered
                 and retryable(terminal)
                 and attempt < self._policy.max_attempts
-                and loop.time() + wait < give_up_at
+                and loop.time() + wait < deadline
                 and self._budget.withdraw(loop.time())
             ):
                 self._stats.retries += 1

@@ -221,3 +221,18 @@ async def test_the_sync_client_for_scripts(
     await downstream.answer(request, "hey")
     reply = await call
     assert reply.text == "hey"
+
+
+async def test_the_fleets_expired_answer_after_the_deadline_is_returned(
+    client: SeawallClient, downstream: Downstream
+) -> None:
+    call = asyncio.create_task(client.complete("hello", request_id="late", timeout_s=4))
+    request = await next_request(downstream, 0)
+    assert request.deadline_at is not None
+    await asyncio.sleep(max(0.0, request.deadline_at - time.time()) + 0.5)
+    await downstream.answer(
+        request, status=ReplyStatus.EXPIRED, reason=ReasonCode.DEADLINE_EXCEEDED
+    )
+    reply = await call
+    assert reply.status is ReplyStatus.EXPIRED
+    assert (client.stats.timeouts, client.stats.aborted) == (0, 0)
