@@ -10,8 +10,10 @@ The rule, per pool::
 
 over the pool's *live* workers: heard from (``EngineStats`` or ``WorkerHeartbeat``)
 within ``worker_timeout_s``, last heartbeat status ``starting`` or ``serving`` (not
-``draining`` or ``stopped``), and not isolated by an open worker-scope breaker.
-``factor`` is 1, or less under a pool breaker at level 2 (rate limit). ``slack`` lets a
+``draining`` or ``stopped``), and with a share above 0. ``factor`` is 1, or less under
+a pool breaker at level 2 (rate limit); a worker's ``share`` (``policy.worker_share``)
+is 1, less under its own rate-limiting breaker, 0 when its breaker isolates it. A
+worker's term is ``max(1, ⌊batch_limit × factor × share⌋)``. ``slack`` lets a
 worker find its next record already waiting when a slot frees. ``in_pool`` is the
 larger of two estimates of the requests dispatched and not yet finished:
 
@@ -89,7 +91,7 @@ class FleetCapacity:
     def __init__(self, config: CapacityConfig | None = None) -> None:
         self.config = config or CapacityConfig()
         self._workers: dict[str, _Worker] = {}
-        self._isolated: set[str] = set()
+        self._shares: dict[str, float] = {}
         self._pools: dict[str, _Pool] = {}
 
     # -- inputs ------------------------------------------------------------------
@@ -124,12 +126,14 @@ class FleetCapacity:
             for p in self._pools.values():
                 p.ledger.pop(request_id, None)
 
-    def isolate(self, worker_id: str, isolated: bool) -> None:
-        """A worker-scope breaker opened (``True``) or left ``open`` (``False``)."""
-        if isolated:
-            self._isolated.add(worker_id)
+    def share(self, worker_id: str, share: float) -> None:
+        """The part of its batch slots a worker's breaker leaves it: 1 all, 0 isolated."""
+        if not 0.0 <= share <= 1.0:
+            raise ValueError("a share lies in [0, 1]")
+        if share == 1.0:
+            self._shares.pop(worker_id, None)
         else:
-            self._isolated.discard(worker_id)
+            self._shares[worker_id] = share
 
     def dispatched(self, pool: str, request_id: str, now: float) -> None:
         ledger = self._pool(pool).ledger
@@ -145,9 +149,12 @@ class FleetCapacity:
         live = self._live(pool, now)
         if not live:
             return PoolView(0, 0, len(ledger), 0)
-        slots = sum(max(1, math.floor(w.batch_limit * factor)) for w in live)
-        reported = sum(max(0, w.in_flight - w.completed_since_report) for w in live)
-        oldest_report = min(w.reported_at for w in live)
+        slots = sum(
+            max(1, math.floor(w.batch_limit * factor * self._shares.get(wid, 1.0)))
+            for wid, w in live
+        )
+        reported = sum(max(0, w.in_flight - w.completed_since_report) for _, w in live)
+        oldest_report = min(w.reported_at for _, w in live)
         unreflected = 0
         for dispatched_at in reversed(ledger.values()):
             if dispatched_at <= oldest_report:
@@ -163,7 +170,7 @@ class FleetCapacity:
     def _pool(self, pool: str) -> _Pool:
         return self._pools.setdefault(pool, _Pool())
 
-    def _live(self, pool: str, now: float) -> list[_Worker]:
+    def _live(self, pool: str, now: float) -> list[tuple[str, _Worker]]:
         silent = [
             wid
             for wid, w in self._workers.items()
@@ -172,9 +179,9 @@ class FleetCapacity:
         for wid in silent:  # forgotten; a report brings a worker back
             del self._workers[wid]
         return [
-            w
+            (wid, w)
             for wid, w in self._workers.items()
-            if w.pool == pool and w.status in _ABSORBING and wid not in self._isolated
+            if w.pool == pool and w.status in _ABSORBING and self._shares.get(wid, 1.0) > 0
         ]
 
     def _forget_old(self, ledger: OrderedDict[str, float], now: float) -> None:

@@ -158,6 +158,30 @@ class PoolGate:
     """Half-open: how many more requests may pass; ``None``: no such limit."""
 
 
+#: Worker-breaker causes that take the worker out of its pool until its half-open probes
+#: pass (DESIGN: a worker that stops sending heartbeats, or whose errors trip the
+#: breaker, is isolated).
+ISOLATING_CAUSES: frozenset[str] = frozenset({"heartbeat", "error_rate", "half_open_probe"})
+
+
+def worker_share(breaker: BreakerState, rate_limit_factor: float) -> float:
+    """The part of its batch slots a worker's own breaker leaves it.
+
+    Open with an isolating cause, or at level 3 or 4 (reject new, restart): 0. Open for
+    latency alone (level 2, rate limit): ``rate_limit_factor`` — the worker keeps
+    serving, fewer at a time, so its P99 can be seen to recover; isolating it would
+    leave its latency window empty and a small pool with no capacity at all. Closed or
+    half-open: all of them (the probes are ordinary requests).
+    """
+    if breaker.state != "open":
+        return 1.0
+    if breaker.level >= BreakerLevel.REJECT_NEW or ISOLATING_CAUSES.intersection(breaker.tripped):
+        return 0.0
+    if breaker.level == BreakerLevel.RATE_LIMIT:
+        return rate_limit_factor
+    return 1.0
+
+
 def prompt_tokens(request: InferenceRequest) -> int:
     """The prompt's size for the reservation (corrected from the worker's count later)."""
     if request.prompt is not None:

@@ -64,6 +64,7 @@ from schemas import (
 )
 from services.admission import metrics as m
 from services.admission.capacity import CapacityConfig, FleetCapacity
+from services.admission.dispatching import pick
 from services.admission.policy import (
     Accepted,
     AdmissionPolicy,
@@ -72,6 +73,7 @@ from services.admission.policy import (
     Reply,
     Screened,
     is_expired,
+    worker_share,
 )
 from services.admission.quota import (
     QuotaDecision,
@@ -80,7 +82,7 @@ from services.admission.quota import (
     RedisQuota,
     on_redis_down,
 )
-from services.admission.scheduler import ClassLoad, PriorityScheduler
+from services.admission.scheduler import PriorityScheduler
 from services.admission.settings import AdmissionSettings
 from services.common.bus import (
     commit_done,
@@ -248,7 +250,7 @@ class Admission(Component):
         if isinstance(event, BreakerState):
             kind, _, name = event.scope.partition(":")
             if kind == "worker":
-                self.capacity.isolate(name, event.state == "open")
+                self.capacity.share(name, worker_share(event, self.settings.rate_limit_factor))
             elif self._breakers.get(event.scope) != (event.state, event.level):
                 # Level 1 of the matrix is "log only": this is that log (once per change,
                 # not per re-publication).
@@ -415,46 +417,23 @@ class Admission(Component):
         return removed
 
     def _pick(self, now: float) -> list[_Waiting]:
-        """The requests to release now: per destination pool, its free slots shared by
-        the scheduler; every request of a pool whose breaker refuses (to be answered)."""
-        feeding: dict[str, dict[Priority, list[deque[_Waiting]]]] = defaultdict(dict)
-        for (cls, pool), dq in self._queues.items():
-            if dq:
-                dest = self.policy.destination(pool, cls, self.control)
-                feeding[dest].setdefault(cls, []).append(dq)
-        picked: list[_Waiting] = []
-        for pool in self.settings.pools:
-            gate = self.policy.gate(pool, self.control)
-            view = self.capacity.view(pool, now, gate.factor)
+        """The requests to release now (``dispatching.pick``): per destination pool, its
+        free slots shared by the scheduler; every request of a pool whose breaker
+        refuses (to be answered)."""
+        picked, views = pick(
+            self._queues,
+            self.settings.pools,
+            self.policy,
+            self.control,
+            self.capacity,
+            self._schedulers,
+            now,
+        )
+        for pool, view in views.items():
             m.POOL_FREE.labels(pool).set(view.free)
             m.POOL_SLOTS.labels(pool).set(view.slots)
-            classes = feeding.get(pool)
-            if not classes:
-                continue
-            if gate.refuse:
-                for dqs in classes.values():
-                    picked += self._take(dqs, sum(len(dq) for dq in dqs))
-                continue
-            free = view.free if gate.probes_left is None else min(view.free, gate.probes_left)
-            loads = {
-                cls: ClassLoad(sum(len(dq) for dq in dqs), now - min(dq[0].since for dq in dqs))
-                for cls, dqs in classes.items()
-            }
-            for cls, n in self._schedulers[pool].plan(loads, free).items():
-                if n:
-                    picked += self._take(classes[cls], n)
+        self._unbuffer(picked)
         return picked
-
-    def _take(self, dqs: list[deque[_Waiting]], n: int) -> list[_Waiting]:
-        """The ``n`` longest-waiting requests across ``dqs``."""
-        taken: list[_Waiting] = []
-        for _ in range(n):
-            dq = min((d for d in dqs if d), key=lambda d: d[0].since, default=None)
-            if dq is None:
-                break
-            taken.append(dq.popleft())
-        self._unbuffer(taken)
-        return taken
 
     def _unbuffer(self, taken: Iterable[_Waiting]) -> None:
         for w in taken:

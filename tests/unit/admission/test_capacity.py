@@ -121,10 +121,24 @@ def test_an_isolated_worker_does_not_count_until_released() -> None:
     cap = fleet()
     cap.report("w1", "main", batch_limit=8, in_flight=0, now=0.0)
     cap.report("w2", "main", batch_limit=4, in_flight=0, now=0.0)
-    cap.isolate("w1", True)
+    cap.share("w1", 0.0)
+    assert cap.view("main", now=0.0).workers == 1
     assert cap.free("main", now=0.0) == 4
-    cap.isolate("w1", False)
+    cap.share("w1", 1.0)
     assert cap.free("main", now=0.0) == 12
+
+
+def test_a_rate_limited_worker_keeps_a_share_of_its_slots() -> None:
+    cap = fleet()
+    cap.report("w1", "main", batch_limit=8, in_flight=0, now=0.0)
+    cap.report("w2", "main", batch_limit=4, in_flight=0, now=0.0)
+    cap.share("w1", 0.5)
+    assert cap.free("main", now=0.0) == 4 + 4
+    assert cap.free("main", now=0.0, factor=0.5) == 2 + 2  # and the pool's factor on top
+    cap.share("w2", 0.1)
+    assert cap.free("main", now=0.0) == 4 + 1  # never below one slot while it counts
+    with pytest.raises(ValueError, match="share"):
+        cap.share("w1", 1.5)
 
 
 @pytest.mark.parametrize(
@@ -174,7 +188,7 @@ events = st.lists(
         st.tuples(st.just("report"), st.integers(0, 2), st.integers(1, 16), st.integers(0, 20)),
         st.tuples(st.just("done"), st.integers(0, 2), st.integers(0, 40), st.just(0)),
         st.tuples(st.just("dispatch"), st.integers(0, 40), st.just(0), st.just(0)),
-        st.tuples(st.just("isolate"), st.integers(0, 2), st.booleans(), st.just(0)),
+        st.tuples(st.just("share"), st.integers(0, 2), st.sampled_from([0, 1, 5, 10]), st.just(0)),
         st.tuples(st.just("wait"), st.integers(0, 30), st.just(0), st.just(0)),
     ),
     max_size=60,
@@ -183,7 +197,7 @@ events = st.lists(
 
 @given(events, st.integers(0, 4), st.floats(0.1, 1.0))
 def test_free_stays_within_bounds(
-    steps: list[tuple[str, int, int | bool, int]], slack: int, factor: float
+    steps: list[tuple[str, int, int, int]], slack: int, factor: float
 ) -> None:
     cap = fleet(slack=slack, timeout_s=10.0, ttl_s=100.0)
     now = 0.0
@@ -194,8 +208,8 @@ def test_free_stays_within_bounds(
             cap.completed(f"w{a}", f"r{b}", now=now)
         elif kind == "dispatch":
             cap.dispatched("main", f"r{a}", now=now)
-        elif kind == "isolate":
-            cap.isolate(f"w{a}", bool(b))
+        elif kind == "share":
+            cap.share(f"w{a}", b / 10)
         else:
             now += a
         view = cap.view("main", now=now, factor=factor)

@@ -35,6 +35,7 @@ from services.admission.policy import (
     Reply,
     Screened,
     region_bucket,
+    worker_share,
 )
 from services.admission.quota import on_redis_down
 from services.common.clock import ManualClock
@@ -669,3 +670,35 @@ def test_every_decision_is_consistent(
     else:
         assert d.pool == screened.pool
     assert (g.level == 0) == (got.reason in (ReasonCode.NONE, ReasonCode.QUOTA_DEGRADED))
+
+
+@pytest.mark.parametrize(
+    ("state", "level", "tripped", "share"),
+    [
+        ("closed", BreakerLevel.NONE, (), 1.0),
+        ("half_open", BreakerLevel.RATE_LIMIT, (), 1.0),
+        ("open", BreakerLevel.RATE_LIMIT, ("latency_p99_ms",), 0.5),
+        ("open", BreakerLevel.LOG, ("error_rate",), 0.0),
+        ("open", BreakerLevel.LOG, ("heartbeat",), 0.0),
+        ("open", BreakerLevel.RATE_LIMIT, ("half_open_probe",), 0.0),
+        ("open", BreakerLevel.RATE_LIMIT, ("latency_p99_ms", "error_rate"), 0.0),
+        ("open", BreakerLevel.REJECT_NEW, ("cpu_percent",), 0.0),
+        ("open", BreakerLevel.EMERGENCY, ("gpu_memory_percent",), 0.0),
+    ],
+)
+def test_a_workers_breaker_isolates_it_or_leaves_it_a_share(
+    state: Literal["closed", "open", "half_open"],
+    level: BreakerLevel,
+    tripped: tuple[str, ...],
+    share: float,
+) -> None:
+    event = BreakerState(
+        scope="worker:w1",
+        state=state,
+        level=level,
+        tripped=tripped,
+        seq=1,
+        issued_at=0.0,
+        evidence=Evidence(reason="test"),
+    )
+    assert worker_share(event, rate_limit_factor=0.5) == share
