@@ -1,0 +1,143 @@
+"""One dispatch round (dispatching.py): pacing, priority, diversion, breaker gates, age."""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas import BreakerLevel, BreakerState, DegradationLevel, Evidence, Priority
+from services.admission.bucket import DEFAULT_TIERS
+from services.admission.capacity import FleetCapacity
+from services.admission.dispatching import pick, take_oldest
+from services.admission.policy import AdmissionPolicy, PolicyConfig
+from services.admission.scheduler import PriorityScheduler
+from services.common.clock import ManualClock
+from services.common.control import ControlState
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_800_000_000.0
+POOLS = ("main", "small")
+VIP, STANDARD, BULK = Priority.VIP, Priority.STANDARD, Priority.BULK
+_seq = itertools.count(1)
+
+
+@dataclass
+class Item:
+    name: str
+    since: float
+
+
+Queues = dict[tuple[Priority, str], deque[Item]]
+
+
+def queues(*content: tuple[Priority, str, int, float]) -> Queues:
+    """(class, pool, how many, waiting since) → the queues, items named ``cls/pool/i``."""
+    out: Queues = {}
+    for cls, pool, n, since in content:
+        dq = out.setdefault((cls, pool), deque())
+        first = len(dq)
+        dq.extend(Item(f"{cls.value}/{pool}/{first + i}", since + i) for i in range(n))
+    return out
+
+
+def fleet(**slots: int) -> FleetCapacity:
+    cap = FleetCapacity()
+    for pool, n in slots.items():
+        cap.report(f"w-{pool}", pool, batch_limit=n, in_flight=0, now=0.0)
+    return cap
+
+
+def control(
+    degradation: int | None = None,
+    breaker: tuple[BreakerLevel, Literal["closed", "open", "half_open"], int] | None = None,
+) -> ControlState:
+    state = ControlState(ManualClock(NOW))
+    common = {"scope": "pool:main", "issued_at": NOW, "evidence": Evidence(reason="t")}
+    if degradation is not None:
+        state.apply(DegradationLevel(**common, seq=next(_seq), level=degradation))
+    if breaker is not None:
+        level, circuit, probes = breaker
+        state.apply(
+            BreakerState(
+                **common, seq=next(_seq), state=circuit, level=level, probe_requests=probes
+            )
+        )
+    return state
+
+
+def run(qs: Queues, cap: FleetCapacity, ctl: ControlState) -> list[str]:
+    policy = AdmissionPolicy(PolicyConfig(tiers=DEFAULT_TIERS, pools=POOLS))
+    schedulers = {pool: PriorityScheduler() for pool in POOLS}
+    picked, _ = pick(qs, POOLS, policy, ctl, cap, schedulers, now=0.0)
+    return [item.name for item in picked]
+
+
+def test_a_pool_gets_no_more_than_its_free_slots_and_vip_comes_first() -> None:
+    qs = queues((BULK, "main", 5, -9.0), (VIP, "main", 5, -1.0))
+    cap = fleet(main=2)  # the default slack adds 2: four free slots
+    got = run(qs, cap, control())
+    assert len(got) == 4
+    assert got[0].startswith("vip/")
+    assert sum(len(dq) for dq in qs.values()) == 6  # the picked left their queues
+
+
+def test_each_pool_is_paced_by_its_own_capacity_and_reported_with_or_without_work() -> None:
+    qs = queues((STANDARD, "main", 3, 0.0), (STANDARD, "small", 3, 0.0))
+    policy = AdmissionPolicy(PolicyConfig(tiers=DEFAULT_TIERS, pools=(*POOLS, "idle")))
+    schedulers = {pool: PriorityScheduler() for pool in (*POOLS, "idle")}
+    cap = fleet(small=8, idle=4)  # main has no live worker: its work waits
+    picked, views = pick(qs, (*POOLS, "idle"), policy, control(), cap, schedulers, now=0.0)
+    assert [i.name for i in picked] == ["standard/small/0", "standard/small/1", "standard/small/2"]
+    assert {p: (v.slots, v.free) for p, v in views.items()} == {
+        "main": (0, 0),
+        "small": (8, 10),
+        "idle": (4, 6),
+    }
+
+
+def test_level_1_diverts_non_vip_work_to_the_small_pool() -> None:
+    qs = queues((VIP, "main", 2, 0.0), (BULK, "main", 2, 0.0))
+    got = run(qs, fleet(small=8), control(degradation=1))  # only the small pool has slots
+    assert sorted(got) == ["bulk/main/0", "bulk/main/1"]
+
+
+def test_a_refusing_breaker_picks_every_request_of_its_pool_to_be_answered() -> None:
+    qs = queues((VIP, "main", 3, 0.0), (BULK, "main", 4, 0.0))
+    got = run(qs, fleet(), control(breaker=(BreakerLevel.REJECT_NEW, "open", 0)))
+    assert len(got) == 7
+
+
+def test_half_open_lets_only_its_probes_through() -> None:
+    qs = queues((STANDARD, "main", 5, 0.0))
+    got = run(qs, fleet(main=8), control(breaker=(BreakerLevel.REJECT_NEW, "half_open", 2)))
+    assert len(got) == 2
+
+
+def test_a_rate_limit_breaker_halves_the_slots() -> None:
+    qs = queues((STANDARD, "main", 20, 0.0))
+    cap = fleet(main=8)
+    got = run(qs, cap, control(breaker=(BreakerLevel.RATE_LIMIT, "open", 0)))
+    assert len(got) == 4 + cap.config.slack
+
+
+@given(
+    st.lists(st.lists(st.floats(-100, 0, allow_nan=False), max_size=6), min_size=1, max_size=4),
+    st.integers(0, 30),
+)
+def test_take_oldest_takes_the_longest_waiting_across_queues(
+    sinces: list[list[float]], n: int
+) -> None:
+    dqs = [
+        deque(Item(f"{q}/{i}", s) for i, s in enumerate(sorted(ss))) for q, ss in enumerate(sinces)
+    ]
+    everything = sorted(s for ss in sinces for s in ss)
+    taken = take_oldest(dqs, n)
+    assert [item.since for item in taken] == everything[: min(n, len(everything))]
+    assert sum(len(dq) for dq in dqs) == len(everything) - len(taken)
