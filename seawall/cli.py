@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from seawall import up as up_mod
+from seawall.load.profiles import Profile
 from services.ingress.keys_cli import keys_app
 
 app = typer.Typer(
@@ -107,6 +108,153 @@ def events(
     from services.common.settings import CommonSettings
 
     raise typer.Exit(run_events(CommonSettings(), scope, kind, follow, Console()))
+
+
+@app.command()
+def submit(
+    prompt: Annotated[str | None, typer.Argument(help="The prompt.")] = None,
+    key_id: Annotated[
+        str | None, typer.Option(envvar="SEAWALL_API_KEY_ID", help="The API key's id.")
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SEAWALL_API_KEY",
+            help="The API key as `seawall keys create` printed it; only its id is sent.",
+        ),
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, max=32_768)] = 256,
+    system: Annotated[
+        str | None, typer.Option(help="A system prompt (sends chat messages).")
+    ] = None,
+    messages_json: Annotated[
+        str | None,
+        typer.Option(help='Chat messages as JSON, e.g. \'[{"role": "user", "content": "hi"}]\'.'),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds to wait for the reply, retries included.")
+    ] = 60.0,
+    no_stream: Annotated[
+        bool, typer.Option("--no-stream", help="Wait for the whole reply.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the terminal reply as JSON, not its text.")
+    ] = False,
+) -> None:
+    """Send one request; print its tokens as they arrive, then a summary line (on
+    standard error). Exits 1 unless the reply is ok or degraded."""
+    import sys
+
+    from seawall import submit as submit_mod
+    from services.common.settings import CommonSettings
+
+    try:
+        resolved_key_id = submit_mod.resolve_key_id(key_id, key)
+        text, messages = submit_mod.request_input(prompt, system, messages_json)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    code = submit_mod.run(
+        CommonSettings(),
+        resolved_key_id,
+        text,
+        messages,
+        max_tokens=max_tokens,
+        timeout_s=timeout,
+        stream=not no_stream,
+        as_json=as_json,
+        stdout=sys.stdout,
+        stderr=sys.stderr,
+    )
+    raise typer.Exit(code)
+
+
+@app.command()
+def load(
+    profile: Annotated[
+        Profile,
+        typer.Option(help="steady: --rate throughout; burst: ×--burst-multiplier mid-run."),
+    ] = "steady",
+    duration: Annotated[float, typer.Option(min=0.1, help="Seconds of arrivals.")] = 60.0,
+    rate: Annotated[
+        float, typer.Option(min=0.001, help="Requests per second (Poisson); burst's base rate.")
+    ] = 5.0,
+    burst_multiplier: Annotated[
+        float, typer.Option(min=1.0, help="The burst profile's rate in its middle third.")
+    ] = 5.0,
+    tenants: Annotated[int, typer.Option(min=1, help="Synthetic tenants, one key each.")] = 6,
+    tier_mix: Annotated[
+        str, typer.Option(help="How the tenants spread over the tiers (weights).")
+    ] = "basic=0.5,pro=0.3,enterprise=0.2",
+    tenant_prefix: Annotated[
+        str, typer.Option(help="Tenants are <prefix>-<tier>-<n>, reused across runs.")
+    ] = "load",
+    long_fraction: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of long (512-2048 word) prompts.")
+    ] = 0.2,
+    max_tokens: Annotated[int, typer.Option(min=1, max=32_768)] = 64,
+    timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds per request, retries included.")
+    ] = 30.0,
+    drain: Annotated[
+        float, typer.Option(min=0.0, help="Seconds to wait for replies after the last send.")
+    ] = 30.0,
+    max_attempts: Annotated[int, typer.Option(min=1, help="1 turns the SDK's retries off.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seeds arrivals, prompts and tenant picks.")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Write the results here as JSON.")] = None,
+) -> None:
+    """Open-loop load: Poisson arrivals from synthetic tenants of every tier, streamed
+    through one SDK client per tenant; a live view, then TTFT and latency per class.
+
+    The burst profile runs at --rate in its first and last thirds and at
+    --burst-multiplier × --rate in the middle third."""
+    from rich.console import Console
+
+    from seawall.load import profiles
+    from seawall.load.run import LoadConfig
+    from seawall.load.run import main as load_main
+    from services.ingress.settings import IngressSettings
+
+    try:
+        config = LoadConfig(
+            profile=profile,
+            duration_s=duration,
+            rate=rate,
+            burst_multiplier=burst_multiplier,
+            seed=seed,
+            tenants=tenants,
+            tier_mix=profiles.parse_mix(tier_mix),
+            tenant_prefix=tenant_prefix,
+            prompts=profiles.PromptMix(long_fraction=long_fraction),
+            max_tokens=max_tokens,
+            timeout_s=timeout,
+            drain_s=drain,
+            max_attempts=max_attempts,
+        )
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    raise typer.Exit(load_main(config, IngressSettings(), out, Console()))
+
+
+@app.command()
+def status(
+    window: Annotated[
+        float, typer.Option(min=1, help="How far back telemetry is read, in seconds.")
+    ] = 30.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document instead of tables.")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="Give up if the broker has not answered by then (s).")
+    ] = 10.0,
+) -> None:
+    """Show the fleet: workers and pools, the breakers, degradation levels and batch
+    limits in force, consumer-group lags and the age of the control state."""
+    from rich.console import Console
+
+    from seawall.status import run_status
+    from services.common.settings import CommonSettings
+
+    raise typer.Exit(run_status(CommonSettings(), window, as_json, timeout, Console()))
 
 
 @app.command("export-schemas")

@@ -110,6 +110,11 @@ def evidence_text(evidence: Evidence) -> str:
     return " · ".join(parts)
 
 
+def expired(event: ControlEvent, now: float) -> bool:
+    """Past its ``valid_for_s`` without a re-publication: the controller may be gone."""
+    return event.issued_at + event.valid_for_s < now
+
+
 def format_event(event: ControlEvent) -> str:
     """A decision as two lines of rich markup: what and when, then the evidence."""
     head = (
@@ -160,8 +165,8 @@ class EventView:
         for column in ("key", "state", "decided", "valid until", "reason"):
             table.add_column(column, overflow="fold")
         for e in events:
-            until = e.issued_at + e.valid_for_s
-            valid = _when(until) if until >= now else f"[red]{_when(until)} (expired)[/]"
+            until = _when(e.issued_at + e.valid_for_s)
+            valid = f"[red]{until} (expired)[/]" if expired(e, now) else until
             table.add_row(
                 escape(e.control_key),
                 escape(describe(e)),

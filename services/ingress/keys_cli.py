@@ -68,7 +68,7 @@ def _actor() -> str:
 
 
 @asynccontextmanager
-async def _keystore(settings: IngressSettings) -> AsyncIterator[KeyStore]:
+async def open_keystore(settings: IngressSettings) -> AsyncIterator[KeyStore]:
     topics = topics_of(settings)
     audit_spec = next(spec for spec in topics.specs() if spec.name == topics.audit)
     await ensure_topics(settings.kafka_bootstrap, [audit_spec], settings.topic_replication)
@@ -158,7 +158,7 @@ def create(
     settings = _settings()
 
     async def go() -> tuple[IssuedKey, TenantPolicy]:
-        async with _keystore(settings) as store:
+        async with open_keystore(settings) as store:
             return await store.create(
                 tenant, tier=tier, sensitive=sensitive.value if sensitive else None
             )
@@ -176,7 +176,7 @@ def list_keys(
     settings = _settings()
 
     async def go() -> list[tuple[KeyRecord, TenantPolicy | None]]:
-        async with _keystore(settings) as store:
+        async with open_keystore(settings) as store:
             return [(k.record, k.policy) for k in await store.list_keys(tenant)]
 
     now = datetime.now(UTC).timestamp()
@@ -216,7 +216,7 @@ def revoke(key_id: Annotated[str, typer.Argument(help="The key id (not the key).
     settings = _settings()
 
     async def go() -> KeyRecord:
-        async with _keystore(settings) as store:
+        async with open_keystore(settings) as store:
             return await store.revoke(key_id)
 
     record = _run(go())
@@ -233,7 +233,7 @@ def rotate(
     settings = _settings()
 
     async def go() -> tuple[KeyRecord, IssuedKey, TenantPolicy | None]:
-        async with _keystore(settings) as store:
+        async with open_keystore(settings) as store:
             old, issued = await store.rotate(key_id)
             return old, issued, await store.policy(old.tenant)
 

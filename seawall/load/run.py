@@ -1,0 +1,249 @@
+"""``seawall load``, the shell: keys for the synthetic tenants, one client per tenant,
+requests sent at their planned times (never waiting for replies), a drain, the results.
+
+Keys are created through the key store as ``seawall keys create`` does, or reused: a
+tenant that already has an active key keeps it (the client needs only the key id, and
+the store keeps no secrets), so repeated runs do not pile up keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
+from rich.console import Console, RenderableType
+from rich.live import Live
+from rich.markup import escape
+
+from schemas import TIER_PRIORITY, InferenceReply, ReasonCode, Tier
+from seawall.client import ClientStats, ReplyRouterClosed, RetryPolicy, SeawallClient
+from seawall.load import display, profiles, stats
+from seawall.load.profiles import PlannedRequest, Tenant
+from services.ingress.keys import phase
+from services.ingress.keys_cli import open_keystore
+from services.ingress.keystore import KeyStore
+from services.ingress.settings import IngressSettings
+
+REFRESH_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    profile: profiles.Profile = "steady"
+    duration_s: float = 60.0
+    rate: float = 5.0
+    """Requests per second; the base rate of the burst profile."""
+    burst_multiplier: float = profiles.BURST_MULTIPLIER
+    seed: int = 0
+    tenants: int = 6
+    tier_mix: Mapping[Tier, float] = field(default_factory=lambda: dict(profiles.DEFAULT_MIX))
+    tenant_prefix: str = "load"
+    prompts: profiles.PromptMix = field(default_factory=profiles.PromptMix)
+    max_tokens: int = 64
+    timeout_s: float = 30.0
+    """Per request, retries included (the SDK's ``timeout_s``)."""
+    drain_s: float = 30.0
+    """How long to wait for replies once the last request is sent."""
+    max_attempts: int = RetryPolicy().max_attempts
+
+    def as_json(self) -> dict[str, object]:
+        doc = asdict(self)
+        doc["tier_mix"] = {tier.value: share for tier, share in self.tier_mix.items()}
+        return doc
+
+
+async def tenant_keys(store: KeyStore, tenants: Sequence[Tenant], now: float) -> list[str]:
+    """A key id per tenant: its newest active key, or a new one. The tenant's tier is set
+    to the planned one first (a no-op, and nothing audited, when it already is)."""
+    ids = []
+    for tenant in tenants:
+        await store.set_policy(tenant.name, tier=tenant.tier)
+        active = [
+            k.record.key_id
+            for k in await store.list_keys(tenant.name)
+            if phase(k.record, now) == "active"
+        ]
+        if not active:
+            issued, _ = await store.create(tenant.name)
+            active.append(issued.record.key_id)
+        ids.append(active[-1])
+    return ids
+
+
+def _sum_stats(clients: Sequence[SeawallClient]) -> dict[str, int]:
+    total: dict[str, int] = dict.fromkeys(asdict(ClientStats()), 0)
+    for client in clients:
+        for name, value in asdict(client.stats).items():
+            total[name] += value
+    return total
+
+
+class _Run:
+    """One run's clients and records; times are seconds from the first planned arrival."""
+
+    def __init__(
+        self, config: LoadConfig, tenants: Sequence[Tenant], clients: Sequence[SeawallClient]
+    ) -> None:
+        self.config = config
+        self.tenants = tenants
+        self.clients = clients
+        self.run_id = uuid.uuid4().hex[:8]
+        self.loop = asyncio.get_running_loop()
+        self.start = self.loop.time()
+        self.sent_at: list[float] = []
+        self.finished: list[stats.Outcome] = []
+        self.open: dict[int, tuple[PlannedRequest, float]] = {}
+
+    def now(self) -> float:
+        return self.loop.time() - self.start
+
+    async def send_all(self, requests: Sequence[PlannedRequest]) -> None:
+        """Start each request at its time; then wait ``drain_s`` for the last replies."""
+        tasks: set[asyncio.Task[None]] = set()
+        for request in requests:
+            delay = request.at_s - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent_at = self.now()
+            self.sent_at.append(sent_at)
+            self.open[request.index] = (request, sent_at)
+            tasks.add(asyncio.create_task(self._one(request, sent_at)))
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.config.drain_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        end = self.now()
+        for request, sent_at in list(self.open.values()):
+            self._record(request, sent_at, end, None, cause="no reply by the end of the drain")
+
+    async def _one(self, request: PlannedRequest, sent_at: float) -> None:
+        request_id = f"load-{self.run_id}-{request.index}"
+        first: float | None = None
+        try:
+            async for item in self.clients[request.tenant].stream(
+                profiles.prompt_text(request),
+                max_tokens=self.config.max_tokens,
+                request_id=request_id,
+            ):
+                if not isinstance(item, InferenceReply):
+                    first = self.now() if first is None else first
+                    continue
+                attempts = stats.attempt_of(request_id, item.request_id)
+                self._record(request, sent_at, self.now(), item, first, attempts)
+        except TimeoutError:
+            self._record(request, sent_at, self.now(), None, cause="timeout")
+        except Exception as e:  # a failed send is this request's outcome, not the run's end
+            self._record(request, sent_at, self.now(), None, cause=type(e).__name__)
+
+    def _record(
+        self,
+        request: PlannedRequest,
+        sent_at: float,
+        done_at: float,
+        reply: InferenceReply | None,
+        first_chunk_at: float | None = None,
+        attempts: int = 1,
+        *,
+        cause: str = "",
+    ) -> None:
+        if self.open.pop(request.index, None) is None:
+            return
+        self.finished.append(
+            stats.Outcome(
+                index=request.index,
+                priority=TIER_PRIORITY[self.tenants[request.tenant].tier],
+                sent_at=sent_at,
+                done_at=done_at,
+                status=None if reply is None else reply.status,
+                reason=reply.reason if reply else ReasonCode.NONE,
+                first_chunk_at=first_chunk_at,
+                completion_tokens=reply.completion_tokens if reply else 0,
+                attempts=attempts,
+                cause=cause,
+            )
+        )
+
+    def live(self) -> stats.Live:
+        return stats.live(self.sent_at, self.finished, self.now())
+
+
+async def _refresh(view: Live, render: Callable[[], RenderableType]) -> None:
+    while True:
+        await asyncio.sleep(REFRESH_S)
+        view.update(render(), refresh=True)
+
+
+async def run(config: LoadConfig, settings: IngressSettings, console: Console) -> dict[str, object]:
+    """Run the load; print the live view and the summary on ``console``; return the
+    results document."""
+    rng = random.Random(config.seed)
+    tenants = profiles.spread_tenants(config.tenants, config.tier_mix, config.tenant_prefix)
+    segs = profiles.segments(
+        config.profile, config.rate, config.duration_s, config.burst_multiplier
+    )
+    requests = profiles.plan(segs, len(tenants), config.prompts, rng)
+    async with open_keystore(settings) as store:
+        key_ids = await tenant_keys(store, tenants, time.time())
+    retry = RetryPolicy(max_attempts=config.max_attempts)
+    clients = [
+        SeawallClient(api_key_id=k, settings=settings, retry=retry, timeout_s=config.timeout_s)
+        for k in key_ids
+    ]
+    async with AsyncExitStack() as exits:
+        exits.push_async_callback(lambda: asyncio.gather(*(c.stop() for c in clients)))
+        await asyncio.gather(*(c.start() for c in clients))
+        load = _Run(config, tenants, clients)
+        title = f"seawall load: {config.profile}, {len(requests)} requests planned"
+
+        def render() -> RenderableType:
+            return display.live_panel(load.live(), config.duration_s, title)
+
+        with Live(render(), console=console, auto_refresh=False) as view:
+            refresher = asyncio.create_task(_refresh(view, render))
+            try:
+                await load.send_all(requests)
+            finally:
+                refresher.cancel()
+            view.update(render(), refresh=True)
+        if not console.is_terminal:
+            console.line()  # rich ends the final render with a new line on terminals only
+        client_stats = _sum_stats(clients)
+    summary = stats.summarize(load.finished, duplicates=client_stats["duplicates"])
+    console.print(display.summary_view(summary))
+    doc_config = config.as_json() | {
+        "expected_arrivals": profiles.expected_arrivals(segs),
+        "tenant_keys": [
+            {"name": t.name, "tier": t.tier.value, "key_id": k}
+            for t, k in zip(tenants, key_ids, strict=True)
+        ],
+    }
+    return stats.document(summary, doc_config, client_stats)
+
+
+def main(config: LoadConfig, settings: IngressSettings, out: Path | None, console: Console) -> int:
+    """The command: run, print, write the results to ``out``; 1 when a server does not
+    answer (the run's own figures, lost requests included, do not change the status)."""
+    try:
+        doc = asyncio.run(run(config, settings, console))
+    except KeyboardInterrupt:
+        console.print("interrupted: no results")
+        return 130
+    except (KafkaError, RedisError, ReplyRouterClosed, OSError) as e:
+        console.print(
+            f"[red]error:[/] a server did not answer ({escape(f'{type(e).__name__}: {e}')})"
+        )
+        return 1
+    if out is not None:
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+        console.print(f"results written to {out}")
+    return 0
