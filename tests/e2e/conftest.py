@@ -57,20 +57,49 @@ class Stack:
         raise LookupError(f"no running {instance}")
 
 
+def clean_env() -> dict[str, str]:
+    """This environment without any ``SEAWALL_`` setting of the developer's."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
+
+
+def spawn_up(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``seawall up ARGS`` in its own session (so a test can signal its whole group)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "seawall.cli", "up", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env() if env is None else env,
+        start_new_session=True,
+    )
+
+
+def wait_up(proc: subprocess.Popen[str], timeout_s: float = 150) -> str:
+    """What ``seawall up`` printed until it said it is up; fails the test (and kills the
+    stack) if it does not within ``timeout_s``."""
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stdout:
+        seen.append(line)
+        if "seawall is up" in line:
+            return "".join(seen)
+        if time.monotonic() > deadline:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("the stack did not come up:\n" + "".join(seen))
+
+
 @contextmanager
 def launch(state: Path, redis_url: str, *extra: str) -> Iterator[Stack]:
     """``seawall up`` on a free broker and ingress port, a fresh topic and Redis prefix;
     ``extra`` are more ``up`` options. Stopped with SIGTERM, which must leave no process."""
     ingress_port = embedded.free_port()
     prefix = f"e2e{uuid.uuid4().hex[:6]}."
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
+    env = clean_env()
     env["SEAWALL_ENV_FILE"] = str(state / "stack.env")
     env["SEAWALL_REDIS_PREFIX"] = f"test:{prefix}"
-    argv = [
-        sys.executable,
-        "-m",
-        "seawall.cli",
-        "up",
+    proc = spawn_up(
         "--broker-port",
         str(embedded.free_port()),
         "--ingress-port",
@@ -82,25 +111,9 @@ def launch(state: Path, redis_url: str, *extra: str) -> Iterator[Stack]:
         "--state-dir",
         str(state),
         *extra,
-    ]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
         env=env,
-        start_new_session=True,
     )
-    assert proc.stdout is not None
-    seen = []
-    deadline = time.monotonic() + 150
-    for line in proc.stdout:
-        seen.append(line)
-        if "seawall is up" in line or time.monotonic() > deadline:
-            break
-    if "seawall is up" not in "".join(seen):
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the stack did not come up:\n" + "".join(seen))
+    wait_up(proc)
     settings = CommonSettings(_env_file=str(state / "stack.env"))  # type: ignore[call-arg]
     stack = Stack(proc, f"http://127.0.0.1:{ingress_port}", env, settings)
     try:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,45 +13,13 @@ import psutil
 import pytest
 
 from seawall import embedded
+from tests.e2e.conftest import spawn_up, wait_up
 
 
 def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
     port = embedded.free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "seawall.cli",
-        "up",
-        "--broker-port",
-        str(port),
-        "--state-dir",
-        str(tmp_path / "state"),
-        *extra,
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    proc = spawn_up("--broker-port", str(port), "--state-dir", str(tmp_path / "state"), *extra)
     return proc, port
-
-
-def _wait_ready(proc: subprocess.Popen[str], timeout_s: float = 60) -> str:
-    assert proc.stdout is not None
-    seen = []
-    deadline = time.monotonic() + timeout_s
-    for line in proc.stdout:
-        seen.append(line)
-        if "seawall is up" in line:
-            return "".join(seen)
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    pytest.fail("seawall up did not come up:\n" + "".join(seen))
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -80,7 +47,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_up_then_stop_leaves_no_child(stack: tuple[subprocess.Popen[str], int], how: str) -> None:
     proc, port = stack
-    banner = _wait_ready(proc)
+    banner = wait_up(proc, timeout_s=60)
     assert f"127.0.0.1:{port}" in banner
     assert "redis (private)" in banner
     assert "worker-main" in banner
