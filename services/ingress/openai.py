@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas import (
     ChatMessage,
@@ -48,6 +48,7 @@ from schemas import (
     ReplyStatus,
     SamplingParams,
 )
+from services.common.openai_shapes import OneChoice, OnePrompt, TextPart, content_text
 from services.common.serde import describe
 from services.ingress.pipeline import Refusal, invalid, param_of
 
@@ -60,7 +61,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Body(BaseModel):
+class _Body(OneChoice):
     """What both endpoints share. Sampling values are checked by ``SamplingParams``
     (whose field names are OpenAI's), so the bounds live in one place."""
 
@@ -72,19 +73,11 @@ class _Body(BaseModel):
     top_p: Any = None
     stop: str | list[str] | None = None
     seed: Any = None
-    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     """OpenAI's end-user id: the session key unless ``X-Session-Id`` is given."""
     timeout: float | None = Field(default=None, gt=0, le=86_400, allow_inf_nan=False)
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
 
     def sampling(self) -> dict[str, Any]:
         values = {
@@ -97,25 +90,8 @@ class _Body(BaseModel):
         return {k: v for k, v in values.items() if v is not None}
 
 
-class CompletionBody(_Body):
-    prompt: str | list[str]
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
-        if isinstance(prompt, list) and len(prompt) != 1:
-            raise ValueError("exactly one prompt is supported")
-        return prompt
-
-    def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["text"]
-    text: str
+class CompletionBody(_Body, OnePrompt):
+    pass
 
 
 class Message(BaseModel):
@@ -126,9 +102,8 @@ class Message(BaseModel):
 
     def to_wire(self) -> dict[str, str]:
         """``developer`` is OpenAI's newer name for ``system``."""
-        content = self.content or ""
-        text = content if isinstance(content, str) else "".join(p.text for p in content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content_text(self.content)}
 
 
 class ChatBody(_Body):

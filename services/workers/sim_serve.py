@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
@@ -31,9 +31,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
+from services.common.openai_shapes import OneChoice, OnePrompt, TextPart, content_text
 from services.common.tokenizer import count_tokens
 from services.workers.engine.base import (
     Engine,
@@ -62,7 +63,7 @@ class _StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(OneChoice):
     """The fields both endpoints share; unknown OpenAI fields are ignored, as vLLM does."""
 
     model_config = ConfigDict(extra="ignore")
@@ -72,18 +73,10 @@ class _Sampling(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int = 1
     stream: bool = False
     stream_options: _StreamOptions | None = None
     priority: int = 0
     """vLLM's extension: lower runs first."""
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -91,36 +84,16 @@ class _Sampling(BaseModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
-class _CompletionBody(_Sampling):
-    prompt: str | list[str]
+class _CompletionBody(_Sampling, OnePrompt):
     max_tokens: int | None = Field(16, ge=1)
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
-        if isinstance(prompt, list) and len(prompt) != 1:
-            raise ValueError("exactly one prompt is supported")
-        return prompt
-
-    def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-
-class _TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
 
 
 class _Message(BaseModel):
     role: str
-    content: str | list[_TextPart] | None = None
+    content: str | list[TextPart] | None = None
 
     def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        return content_text(self.content)
 
 
 class _ChatBody(_Sampling):
