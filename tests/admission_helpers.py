@@ -33,11 +33,6 @@ from services.common.lifecycle import Component
 from services.common.serde import DISPATCH, decode, encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
-from services.workers.engine.factory import build_engine
-from services.workers.engine.sim import SimulatedEngine
-from services.workers.gpu import SimulatedGpuProbe
-from services.workers.service import Worker
-from services.workers.settings import WorkerSettings
 
 EVIDENCE = Evidence(reason="test")
 
@@ -220,26 +215,6 @@ async def apply_control(
 
 def control_common(scope: str, seq: int) -> dict[str, Any]:
     return {"scope": scope, "seq": seq, "issued_at": time.time(), "evidence": EVIDENCE}
-
-
-def worker_settings(settings: CommonSettings, **changes: Any) -> WorkerSettings:
-    base = settings.model_dump()
-    base.update(
-        instance_id="w1",
-        telemetry_interval_s=0.2,
-        commit_interval_s=0.05,
-        shutdown_grace_s=5,
-        sim_time_scale=1.0,
-    )
-    base.update(changes)
-    return WorkerSettings(**base)
-
-
-def sim_worker(settings: WorkerSettings) -> Worker:
-    """A real worker on the simulated engine (not started)."""
-    engine = build_engine(settings)
-    assert isinstance(engine, SimulatedEngine)
-    return Worker(settings, engine, SimulatedGpuProbe(lambda: [engine.gpu_reading()]))
 
 
 @contextlib.asynccontextmanager

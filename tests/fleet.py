@@ -1,5 +1,6 @@
 """Test helpers that play the parts around a service: a dispatcher that produces
-requests, and a client that reads its reply topic and counts terminal replies."""
+requests, a client that reads its reply topic and counts terminal replies, and real
+workers on the simulated engine."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
@@ -23,6 +25,11 @@ from services.common.bus import ensure_topics, make_consumer, make_producer
 from services.common.serde import REPLY, TELEMETRY, decode, encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
+from services.workers.engine.factory import build_engine
+from services.workers.engine.sim import SimulatedEngine
+from services.workers.gpu import SimulatedGpuProbe
+from services.workers.service import Worker
+from services.workers.settings import WorkerSettings
 
 
 def dispatched(
@@ -132,3 +139,23 @@ async def until(
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(every_s)
+
+
+def worker_settings(settings: CommonSettings, **changes: Any) -> WorkerSettings:
+    base = settings.model_dump()
+    base.update(
+        instance_id="w1",
+        telemetry_interval_s=0.2,
+        commit_interval_s=0.05,
+        shutdown_grace_s=5,
+        sim_time_scale=1.0,
+    )
+    base.update(changes)
+    return WorkerSettings(**base)
+
+
+def sim_worker(settings: WorkerSettings) -> Worker:
+    """A real worker on the simulated engine (not started)."""
+    engine = build_engine(settings)
+    assert isinstance(engine, SimulatedEngine)
+    return Worker(settings, engine, SimulatedGpuProbe(lambda: [engine.gpu_reading()]))

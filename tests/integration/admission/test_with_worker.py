@@ -24,11 +24,9 @@ from tests.admission_helpers import (
     control_common,
     inference_request,
     send_all,
-    sim_worker,
     started,
-    worker_settings,
 )
-from tests.fleet import ReplyReader, until
+from tests.fleet import ReplyReader, sim_worker, until, worker_settings
 
 BATCH_LIMIT = 4
 SLACK = 1

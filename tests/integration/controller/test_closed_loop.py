@@ -16,11 +16,9 @@ from tests.admission_helpers import (
     admission_settings,
     inference_request,
     send_all,
-    sim_worker,
     started,
-    worker_settings,
 )
-from tests.fleet import until
+from tests.fleet import sim_worker, until, worker_settings
 from tests.integration.controller.test_controller import control_log, controller, level_is
 
 

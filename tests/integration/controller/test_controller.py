@@ -37,12 +37,8 @@ from services.common.settings import CommonSettings
 from services.common.topics import Topics
 from services.controller.app import Controller
 from services.controller.settings import ControllerSettings
-from services.workers.engine.factory import build_engine
-from services.workers.engine.sim import SimulatedEngine
-from services.workers.gpu import SimulatedGpuProbe
 from services.workers.service import Worker
-from services.workers.settings import WorkerSettings
-from tests.fleet import dispatched, produce, until
+from tests.fleet import dispatched, produce, sim_worker, until, worker_settings
 
 #: The controller's scaled policy, the same in-process and as a process.
 CONTROLLER = {
@@ -94,20 +90,9 @@ async def controller(settings: CommonSettings, **changes: object) -> AsyncIterat
 
 @asynccontextmanager
 async def worker(settings: CommonSettings, **changes: object) -> AsyncIterator[Worker]:
-    base = settings.model_dump()
-    base.update(
-        instance_id="w1",
-        telemetry_interval_s=0.2,
-        commit_interval_s=0.05,
-        shutdown_grace_s=1,
-        sim_time_scale=0.2,
-        batch_limit=16,
-    )
-    base.update(changes)
-    ws = WorkerSettings(**base)
-    engine = build_engine(ws)
-    assert isinstance(engine, SimulatedEngine)
-    async with Worker(ws, engine, SimulatedGpuProbe(lambda: [engine.gpu_reading()])) as w:
+    defaults: dict[str, object] = {"shutdown_grace_s": 1, "sim_time_scale": 0.2, "batch_limit": 16}
+    ws = worker_settings(settings, **(defaults | changes))
+    async with sim_worker(ws) as w:
         yield w
 
 

@@ -13,35 +13,24 @@ from services.common.bus import make_consumer
 from services.common.serde import encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
-from services.workers.engine.factory import build_engine
-from services.workers.engine.sim import SimulatedEngine
-from services.workers.gpu import SimulatedGpuProbe
 from services.workers.service import Worker
-from services.workers.settings import WorkerSettings
-from tests.fleet import ReplyReader, dispatched, produce, read_telemetry, until
-
-
-def worker_settings(settings: CommonSettings, **changes: object) -> WorkerSettings:
-    base = settings.model_dump()
-    base.update(
-        instance_id="w1",
-        telemetry_interval_s=0.2,
-        commit_interval_s=0.05,
-        shutdown_grace_s=5,
-        sim_time_scale=0.2,
-    )
-    base.update(changes)
-    return WorkerSettings(**base)
+from tests.fleet import (
+    ReplyReader,
+    dispatched,
+    produce,
+    read_telemetry,
+    sim_worker,
+    until,
+    worker_settings,
+)
 
 
 @pytest.fixture
 async def worker(
     settings: CommonSettings, topics: Topics, request: pytest.FixtureRequest
 ) -> AsyncIterator[Worker]:
-    ws = worker_settings(settings, **getattr(request, "param", {}))
-    engine = build_engine(ws)
-    assert isinstance(engine, SimulatedEngine)
-    async with Worker(ws, engine, SimulatedGpuProbe(lambda: [engine.gpu_reading()])) as w:
+    ws = worker_settings(settings, **{"sim_time_scale": 0.2, **getattr(request, "param", {})})
+    async with sim_worker(ws) as w:
         yield w
 
 
