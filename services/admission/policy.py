@@ -78,7 +78,7 @@ from schemas import (
 )
 from services.admission.bucket import Limit, QuotaDecision, TierConfig
 from services.admission.quota import QuotaRequest
-from services.common.control import ControlState
+from services.common.control import ControlState, isolates
 from services.common.tokenizer import count_tokens
 
 E = TypeVar("E", BreakerState, DegradationLevel)
@@ -158,26 +158,16 @@ class PoolGate:
     """Half-open: how many more requests may pass; ``None``: no such limit."""
 
 
-#: Worker-breaker causes that take the worker out of its pool until its half-open probes
-#: pass (DESIGN: a worker that stops sending heartbeats, or whose errors trip the
-#: breaker, is isolated).
-ISOLATING_CAUSES: frozenset[str] = frozenset({"heartbeat", "error_rate", "half_open_probe"})
-
-
 def worker_share(breaker: BreakerState, rate_limit_factor: float) -> float:
-    """The part of its batch slots a worker's own breaker leaves it.
-
-    Open with an isolating cause, or at level 3 or 4 (reject new, restart): 0. Open for
-    latency alone (level 2, rate limit): ``rate_limit_factor`` — the worker keeps
-    serving, fewer at a time, so its P99 can be seen to recover; isolating it would
-    leave its latency window empty and a small pool with no capacity at all. Closed or
-    half-open: all of them (the probes are ordinary requests).
-    """
-    if breaker.state != "open":
-        return 1.0
-    if breaker.level >= BreakerLevel.REJECT_NEW or ISOLATING_CAUSES.intersection(breaker.tripped):
+    """The part of its batch slots a worker's own breaker leaves it: none when the state
+    isolates it (``control.isolates``); ``rate_limit_factor`` when it is open for latency
+    alone (level 2, rate limit) — the worker keeps serving, fewer at a time, so its P99
+    can be seen to recover, where isolating it would leave its latency window empty and
+    a small pool with no capacity at all; all of them otherwise (closed, half-open: the
+    probes are ordinary requests)."""
+    if isolates(breaker):
         return 0.0
-    if breaker.level == BreakerLevel.RATE_LIMIT:
+    if breaker.state == "open" and breaker.level == BreakerLevel.RATE_LIMIT:
         return rate_limit_factor
     return 1.0
 

@@ -19,7 +19,7 @@ from typing import TypeVar
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge
 
-from schemas import ControlEvent
+from schemas import BreakerLevel, BreakerState, ControlEvent
 from services.common.bus import make_consumer
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.lifecycle import Component, cancel_tasks
@@ -29,6 +29,22 @@ from services.common.settings import CommonSettings
 log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=ControlEvent)
+
+#: Worker-breaker causes that take the worker out of its pool until its half-open probes
+#: pass (DESIGN: a worker that stops sending heartbeats, or whose errors trip the
+#: breaker, is isolated).
+ISOLATING_CAUSES: frozenset[str] = frozenset({"heartbeat", "error_rate", "half_open_probe"})
+
+
+def isolates(breaker: BreakerState) -> bool:
+    """Whether a worker's breaker state removes the worker from its pool: open with an
+    isolating cause, or open at level 3 or 4 (reject new, restart). Admission then gives
+    it no share of the pool's work, and the worker leaves its consumer group so that its
+    partitions go to the others. A latency trip alone (level 2) only paces it."""
+    return breaker.state == "open" and (
+        breaker.level >= BreakerLevel.REJECT_NEW or not ISOLATING_CAUSES.isdisjoint(breaker.tripped)
+    )
+
 
 CONTROL_EVENTS = Counter(
     "seawall_control_events_total", "Control events read, by outcome", ["kind", "outcome"]

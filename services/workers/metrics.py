@@ -8,6 +8,9 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 8, 13, 20, 30, 6
 
 IN_FLIGHT = Gauge("seawall_worker_in_flight_requests", "Requests the worker holds now")
 BATCH_LIMIT = Gauge("seawall_worker_batch_limit", "The worker's in-flight cap in force")
+STEPPED_ASIDE = Gauge(
+    "seawall_worker_stepped_aside", "1 while its breaker isolates it and it left its group"
+)
 REQUESTS = Counter(
     "seawall_worker_requests_total", "Requests finished, by terminal status", ["status"]
 )

@@ -12,6 +12,12 @@
   and its supervisor restarts it with a fresh engine (crash-only).
 - SIGTERM: stop fetching, let in-flight requests finish within the grace period,
   commit, close. What did not finish is not committed and is redelivered.
+- Its own breaker isolating it (``control.isolates``: errors, heartbeat loss, a failed
+  probe, level 3+): it stops fetching, finishes what it has (within the grace period),
+  commits and leaves its consumer group, so that its partitions go to the rest of the
+  pool; it keeps publishing telemetry, and rejoins when the breaker turns half-open
+  (the probes) or closed. Admission's capacity count alone would not divert the work:
+  records are spread over partitions, not over workers.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from services.common.bus import (
     topics_of,
 )
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.control import ControlFollower, ControlState
+from services.common.control import ControlFollower, ControlState, isolates
 from services.common.lifecycle import Component, cancel_tasks
 from services.common.offsets import OffsetTracker
 from services.common.serde import DISPATCH, DecodeError, decode, encode
@@ -132,6 +138,10 @@ class Worker(Component):
         self._requests: dict[str, asyncio.Task[Any]] = {}
         self._capacity = asyncio.Condition()
         self._draining = False
+        self._isolated = False
+        """What the latest breaker event for this worker says."""
+        self.stepped_aside = False
+        """Out of the consumer group because of it."""
         self._status: Literal["starting", "serving", "draining", "stopped"] = "starting"
         self.batch_limit = settings.batch_limit
         self.started_at = clock.time()
@@ -216,7 +226,10 @@ class Worker(Component):
     def _on_control(self, event: ControlEvent) -> None:
         if isinstance(event, BatchLimit) and event.worker_id == self.worker_id:
             self.set_batch_limit(event.limit)
-        elif (
+        if isinstance(event, BreakerState) and event.scope == f"worker:{self.worker_id}":
+            self._isolated = isolates(event)
+            self.spawn(self._notify_capacity(), "notify")  # the fetch loop acts on it
+        if (
             isinstance(event, BreakerState)
             and event.scope == f"worker:{self.worker_id}"
             and event.level >= BreakerLevel.EMERGENCY
@@ -245,6 +258,11 @@ class Worker(Component):
     def in_flight(self) -> int:
         return len(self._requests)
 
+    @property
+    def partitions(self) -> frozenset[TopicPartition]:
+        """The dispatch partitions the group gave this worker."""
+        return frozenset(self._consumer.assignment()) if self._consumer else frozenset()
+
     # -- consuming -------------------------------------------------------------
     async def _fetch_loop(self) -> None:
         consumer = self._consumer
@@ -252,10 +270,20 @@ class Worker(Component):
         while not self._draining:
             async with self._capacity:
                 await self._capacity.wait_for(
-                    lambda: self.in_flight < self.batch_limit or self._draining
+                    lambda: (
+                        self._draining
+                        or self._isolated != self.stepped_aside
+                        or (self.in_flight < self.batch_limit and not self.stepped_aside)
+                    )
                 )
             if self._draining:
                 return
+            if self._isolated and not self.stepped_aside:
+                await self._step_aside(consumer)
+                continue
+            if not self._isolated and self.stepped_aside:
+                self._rejoin(consumer)
+                continue
             room = self.batch_limit - self.in_flight
             batches = await consumer.getmany(timeout_ms=200, max_records=room)
             for tp, records in batches.items():
@@ -264,6 +292,27 @@ class Worker(Component):
                     key = f"{tp.partition}:{record.offset}"
                     self._requests[key] = self.spawn(self._serve(tp, record, key), f"serve:{key}")
             m.IN_FLIGHT.set(self.in_flight)
+
+    async def _step_aside(self, consumer: AIOKafkaConsumer) -> None:
+        log.warning(
+            "my breaker isolates me: leaving the group",
+            extra={"in_flight": self.in_flight, "grace_s": self.settings.shutdown_grace_s},
+        )
+        pending = set(self._requests.values())
+        if pending:
+            await asyncio.wait(pending, timeout=self.settings.shutdown_grace_s)
+        await self.commit_done()
+        # What is still running is redelivered to the new owners of its partitions.
+        self.offsets.forget(consumer.assignment())
+        consumer.unsubscribe()
+        self.stepped_aside = True
+        m.STEPPED_ASIDE.set(1)
+
+    def _rejoin(self, consumer: AIOKafkaConsumer) -> None:
+        log.info("my breaker lets me serve again: rejoining the group")
+        consumer.subscribe([self.topics.dispatch(self.settings.pool)], listener=_Rebalance(self))
+        self.stepped_aside = False
+        m.STEPPED_ASIDE.set(0)
 
     async def _serve(
         self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes], key: str

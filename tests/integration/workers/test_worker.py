@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from schemas import BatchLimit, DeadLetter, Evidence, ReplyStatus
+from schemas import BatchLimit, BreakerLevel, BreakerState, DeadLetter, Evidence, ReplyStatus
 from services.common.bus import make_consumer
 from services.common.serde import encode
 from services.common.settings import CommonSettings
@@ -120,6 +120,44 @@ async def test_batch_limit_event_changes_the_in_flight_count(
         # a limit above the engine's max_num_seqs is clamped to it
         worker.set_batch_limit(10_000)
         assert worker.batch_limit == worker.engine.limits.max_num_seqs
+
+
+def breaker(state: str, seq: int, *tripped: str) -> BreakerState:
+    return BreakerState(
+        scope="worker:w1",
+        seq=seq,
+        issued_at=time.time(),
+        state=state,  # type: ignore[arg-type]
+        level=BreakerLevel.LOG if tripped else BreakerLevel.NONE,
+        tripped=tripped,
+        evidence=Evidence(reason="test"),
+    )
+
+
+async def test_an_isolated_worker_leaves_its_partitions_to_the_pool_until_half_open(
+    settings: CommonSettings, topics: Topics, worker: Worker
+) -> None:
+    async with (
+        sim_worker(worker_settings(settings, instance_id="w2", sim_time_scale=0.2)) as w2,
+        ReplyReader(settings, topics) as client,
+    ):
+        await produce(settings, topics.control, [breaker("open", 1, "error_rate")])
+        await until(lambda: worker.stepped_aside)
+        assert not worker.partitions
+        first = [dispatched(i, client.topic, max_tokens=8) for i in range(6)]
+        await produce(settings, topics.dispatch("main"), first)
+        await client.wait_terminals(6, timeout_s=60)
+        assert {r[0].worker_id for r in client.terminals.values()} == {"w2"}
+        assert not w2.stepped_aside
+
+        await produce(settings, topics.control, [breaker("half_open", 2)])
+        await until(lambda: not worker.stepped_aside)
+        await until(lambda: bool(worker.partitions), timeout_s=60)  # the rebalance
+        later = [dispatched(i, client.topic, max_tokens=8) for i in range(6, 30)]
+        await produce(settings, topics.dispatch("main"), later)
+        await client.wait_terminals(30, timeout_s=90)
+    # Back in the group, the first worker takes its share again (probes included).
+    assert "w1" in {client.terminals[d.request.request_id][0].worker_id for d in later}
 
 
 async def test_expired_requests_get_an_expired_reply_without_engine_time(
