@@ -74,7 +74,7 @@ from services.controller.policy import (
     degradation_readings,
 )
 from services.controller.policy import Evidence as PolicyEvidence
-from services.controller.policy.breaker import HEARTBEAT
+from services.controller.policy.breaker import HEARTBEAT, LATENCY_ROW
 
 MAX_SECONDS = 86_400.0
 """The wire's bound on a duration (``schemas.base.Seconds``)."""
@@ -153,10 +153,19 @@ def scaled_config(
     small_pool: str,
     max_tokens_cap: int,
     host_cpu_breaker: bool = True,
+    latency_trip_ms: float = LATENCY_ROW.trip_above,
+    latency_recover_ms: float = LATENCY_ROW.recover_below,
 ) -> EngineConfig:
-    """The default policies with every window and hold multiplied by ``time_scale``."""
+    """The default policies with every window and hold multiplied by ``time_scale``, and
+    the latency row's thresholds as given (DESIGN's 2000/800 ms fit a fleet whose normal
+    P99 is well under 800 ms; one that runs near 1.2 s would never recover below 800)."""
     k = time_scale
-    b, d = BreakerConfig(), DegradationConfig()
+    d = DegradationConfig()
+    b = BreakerConfig(
+        latency_p99_ms=replace(
+            LATENCY_ROW, trip_above=latency_trip_ms, recover_below=latency_recover_ms
+        )
+    )
     return EngineConfig(
         breaker=replace(
             b,

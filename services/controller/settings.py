@@ -33,6 +33,11 @@ class ControllerSettings(CommonSettings):
     """Telemetry older than this when read is skipped (a backlog after downtime must not
     be counted as what happens now)."""
     controller_batch_sla_ms: float = Field(default=1500.0, gt=0, le=600_000)
+    controller_latency_trip_ms: float = Field(default=2000.0, gt=0, le=600_000)
+    """The breaker's latency row: trips when P99 exceeds this (DESIGN: 2000 ms) ..."""
+    controller_latency_recover_ms: float = Field(default=800.0, gt=0, le=600_000)
+    """... and recovers once P99 stayed below this for its hold (DESIGN: 800 ms). Set it
+    above the pool's normal P99, or an open breaker never closes."""
     controller_small_pool: str = Field(default="small", pattern=r"^[A-Za-z0-9._-]+$")
     """Degradation level 1: where a pool's non-VIP work is diverted."""
     controller_max_tokens_cap: int = Field(default=512, ge=1, le=32_768)
@@ -66,4 +71,6 @@ class ControllerSettings(CommonSettings):
             small_pool=self.controller_small_pool,
             max_tokens_cap=self.controller_max_tokens_cap,
             host_cpu_breaker=self.controller_host_cpu_breaker,
+            latency_trip_ms=self.controller_latency_trip_ms,
+            latency_recover_ms=self.controller_latency_recover_ms,
         )

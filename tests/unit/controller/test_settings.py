@@ -26,3 +26,17 @@ def test_environment_scales_the_policies(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_decisions_must_not_expire_between_republications() -> None:
     with pytest.raises(ValidationError, match="re-publications"):
         ControllerSettings(controller_republish_s=60.0, controller_valid_for_s=30.0)
+
+
+def test_the_latency_rows_thresholds_are_the_operators(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = ControllerSettings().engine_config().breaker.latency_p99_ms
+    assert (defaults.trip_above, defaults.recover_below) == (2000.0, 800.0)  # DESIGN's
+    monkeypatch.setenv("SEAWALL_CONTROLLER_LATENCY_TRIP_MS", "3000")
+    monkeypatch.setenv("SEAWALL_CONTROLLER_LATENCY_RECOVER_MS", "1500")
+    monkeypatch.setenv("SEAWALL_CONTROLLER_TIME_SCALE", "0.5")
+    row = ControllerSettings().engine_config().breaker.latency_p99_ms
+    assert (row.trip_above, row.recover_below) == (3000.0, 1500.0)
+    assert row.recover_hold_s == pytest.approx(defaults.recover_hold_s * 0.5)
+    assert row.min_samples == defaults.min_samples
+    with pytest.raises(ValidationError, match="hysteresis"):
+        ControllerSettings(controller_latency_trip_ms=500, controller_latency_recover_ms=800)
