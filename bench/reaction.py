@@ -46,12 +46,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import platform
 import random
-import signal
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -63,38 +58,47 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
+from _common import (
+    EMBEDDED_BROKER,
+    GPU_RESERVED,
+    HEALTHY_TEMP_C,
+    HOT_TEMP_C,
+    RESULTS,
+    completed,
+    embedded_broker,
+    engine_stats,
+    fmt,
+    gpu_stats,
+    heartbeat,
+    machine,
+    ratio,
+    spawn_controller,
+    stop_controller,
+    summary,
+)
 from aiokafka import AIOKafkaProducer
 
 from schemas import (
     BreakerState,
     ControlEvent,
     DegradationLevel,
-    EngineLimitsInfo,
     EngineStats,
     Evidence,
     GpuStats,
-    Priority,
     RequestCompleted,
-    Tier,
     WorkerHeartbeat,
 )
-from seawall.embedded import broker_process, free_port
-from services.common.bus import ensure_topics, make_producer, topics_of, wait_for_broker
+from services.common.bus import ensure_topics, make_producer, topics_of
 from services.common.control import ControlFollower, ControlState
 from services.common.serde import encode
 from services.common.settings import CommonSettings
 
-RESULTS = Path(__file__).parent / "results"
 ROLES = ("admission", "worker")
 POOL = "main"
 WORKER = "bench-w1"
 DEGRADATION_KEY = f"degradation/pool:{POOL}"
 BREAKER_KEY = f"breaker/worker:{WORKER}"
 BASELINE_KEY = "degradation/pool:bench-baseline"
-GPU_TOTAL_BYTES = 80 * 2**30
-GPU_RESERVED = 0.9
-"""The engine's ``gpu_memory_utilization``: a healthy worker uses exactly this share."""
-HEALTHY_TEMP_C, HOT_TEMP_C = 60.0, 95.0
 PROBES_PER_SAMPLE = 3
 """Completed requests per telemetry round: the breaker's three half-open probes pass in
 one round, so recovery does not wait on request pacing."""
@@ -286,22 +290,10 @@ class FakeWorker:
         key = WORKER.encode()
         messages: list[GpuStats | WorkerHeartbeat | EngineStats | RequestCompleted] = []
         if hot is not None:
-            messages.append(
-                GpuStats(
-                    worker_id=WORKER,
-                    pool=POOL,
-                    gpu_index=0,
-                    name="bench-gpu",
-                    utilization_pct=80.0,
-                    memory_used_bytes=int(GPU_TOTAL_BYTES * (1.0 if hot else GPU_RESERVED)),
-                    memory_total_bytes=GPU_TOTAL_BYTES,
-                    temperature_c=HOT_TEMP_C if hot else HEALTHY_TEMP_C,
-                    power_w=400.0,
-                    power_limit_w=700.0,
-                    simulated=True,
-                    at=now,
-                )
+            temperature_c, memory_share = (
+                (HOT_TEMP_C, 1.0) if hot else (HEALTHY_TEMP_C, GPU_RESERVED)
             )
+            messages.append(gpu_stats(WORKER, POOL, now, temperature_c, memory_share))
         messages += self._others(now)
         sends = [await self._producer.send(self._topic, encode(m), key=key) for m in messages]
         await sends[0]
@@ -311,91 +303,25 @@ class FakeWorker:
 
     def _others(self, now: float) -> list[WorkerHeartbeat | EngineStats | RequestCompleted]:
         out: list[WorkerHeartbeat | EngineStats | RequestCompleted] = [
-            WorkerHeartbeat(
-                worker_id=WORKER,
-                pool=POOL,
-                at=now,
-                engine="sim",
-                status="serving",
-                in_flight=2,
-                batch_limit=64,
-                host_cpu_pct=20.0,
-                host_memory_pct=30.0,
-                started_at=self._started_at,
-            ),
-            EngineStats(
-                worker_id=WORKER,
-                pool=POOL,
-                at=now,
-                engine="sim",
-                running=2,
-                waiting=0,
-                preempted_total=0,
-                kv_cache_usage=0.2,
-                in_flight=2,
-                batch_limit=64,
-                limits=EngineLimitsInfo(
-                    max_num_seqs=64,
-                    max_num_batched_tokens=8192,
-                    block_size=16,
-                    kv_capacity_tokens=500_000,
-                    gpu_memory_utilization=GPU_RESERVED,
-                ),
+            heartbeat(WORKER, POOL, now, in_flight=2, started_at=self._started_at),
+            engine_stats(
+                WORKER, POOL, now, in_flight=2, kv_cache_usage=0.2, kv_capacity_tokens=500_000
             ),
         ]
         for _ in range(PROBES_PER_SAMPLE):
             self._requests += 1
             out.append(
-                RequestCompleted(
-                    worker_id=WORKER,
-                    pool=POOL,
-                    at=now,
-                    request_id=f"bench-{self._requests}",
-                    tenant="bench",
-                    priority=Priority.STANDARD,
-                    tier=Tier.PRO,
-                    queue_wait_ms=5.0,
+                completed(
+                    WORKER,
+                    POOL,
+                    now,
+                    f"bench-{self._requests}",
                     latency_ms=120.0,
                     prompt_tokens=100,
                     completion_tokens=50,
                 )
             )
         return out
-
-
-# -- the controller process -------------------------------------------------------------
-def spawn_controller(
-    settings: CommonSettings, tick_s: float, time_scale: float, log: Path
-) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
-    env.update(
-        SEAWALL_ENV_FILE=os.devnull,
-        SEAWALL_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-        SEAWALL_KAFKA_IDEMPOTENCE="false",
-        SEAWALL_TOPIC_PREFIX=settings.topic_prefix,
-        SEAWALL_INSTANCE_ID="bench-controller",
-        SEAWALL_LOG_LEVEL="WARNING",
-        SEAWALL_CONTROLLER_TICK_S=str(tick_s),
-        SEAWALL_CONTROLLER_TIME_SCALE=str(time_scale),
-    )
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "services.controller"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def stop_controller(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 # -- the measurement ----------------------------------------------------------------------
@@ -484,12 +410,7 @@ def healthy(followers: Followers) -> bool:
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> Samples:
-    port = free_port()
-    bootstrap = f"127.0.0.1:{port}"
-    broker = broker_process("127.0.0.1", port, workdir / "broker.log")
-    broker.start()
-    try:
-        await wait_for_broker(bootstrap, timeout_s=30)
+    async with embedded_broker(workdir) as bootstrap:
         settings = CommonSettings(
             _env_file=None,
             kafka_bootstrap=bootstrap,
@@ -509,8 +430,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> Samples:
             return await with_controller(args, settings, followers, workdir / "controller.log")
         finally:
             followers.stop()
-    finally:
-        broker.stop()
 
 
 async def with_controller(
@@ -543,27 +462,6 @@ async def with_controller(
 
 
 # -- report -------------------------------------------------------------------------------
-def ratio(value: float | int | None, base: float | int | None) -> float | None:
-    return value / base if value is not None and base else None
-
-
-def fmt(value: float | int | None, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
-
-
-def summary(values: list[float]) -> dict[str, float | int | None]:
-    if len(values) < 2:
-        return {"n": len(values), "p50": None, "p99": None, "max": None, "mean": None}
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return {
-        "n": len(values),
-        "p50": cuts[49],
-        "p99": cuts[98],
-        "max": max(values),
-        "mean": statistics.fmean(values),
-    }
-
-
 def plot(samples: Samples, tick_s: float, path: Path) -> None:
     import matplotlib
 
@@ -659,13 +557,7 @@ def main() -> int:
             "warmup_trials": args.warmup,
             "pings_per_trial": args.pings,
         },
-        "machine": {
-            "cpus": mp.cpu_count(),
-            "loadavg_before": load_before,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "broker": "embedded (Tansu, memory storage)",
-        },
+        "machine": machine(load_before, broker=EMBEDDED_BROKER),
         "elapsed_s": elapsed,
         "results": {
             "reaction": reaction,
