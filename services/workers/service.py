@@ -227,7 +227,7 @@ class Worker(Component):
         if isinstance(event, BatchLimit) and event.worker_id == self.worker_id:
             self.set_batch_limit(event.limit)
         if isinstance(event, BreakerState) and event.scope == f"worker:{self.worker_id}":
-            self._isolated = isolates(event)
+            self._isolated = self.settings.leave_group_when_isolated and isolates(event)
             self.spawn(self._notify_capacity(), "notify")  # the fetch loop acts on it
         if (
             isinstance(event, BreakerState)

@@ -19,6 +19,10 @@ class WorkerSettings(CommonSettings):
     chunk_max_interval_s: float = Field(default=0.1, ge=0, le=10)
     telemetry_interval_s: float = Field(default=1.0, gt=0, le=60)
     commit_interval_s: float = Field(default=0.2, gt=0, le=10)
+    leave_group_when_isolated: bool = True
+    """Leave the consumer group while this worker's breaker isolates it, so that its
+    partitions go to the rest of the pool. Off: it keeps serving its partitions (for a
+    pool of one, where leaving stops the pool until the breaker's half-open probes)."""
     static_reply: str = "The service is under heavy load; please try again shortly."
     """Degradation level 3's canned reply."""
 

@@ -295,7 +295,15 @@ async def test_a_killed_controller_restarts_with_its_decisions_and_no_contradict
     try:
         async with (
             control_log(settings, topics) as control,
-            worker(settings, sim_error_rate=0.5, sim_slowdown=10.0, batch_limit=16) as w,
+            # It must go on failing while isolated: the errors are the cause the restarted
+            # controller has to remember.
+            worker(
+                settings,
+                sim_error_rate=0.5,
+                sim_slowdown=10.0,
+                batch_limit=16,
+                leave_group_when_isolated=False,
+            ) as w,
         ):
             await load(settings, topics, 3000)
             procs.append(spawn_controller(settings, port, log))
@@ -307,10 +315,21 @@ async def test_a_killed_controller_restarts_with_its_decisions_and_no_contradict
                 )
 
             await until(decided, 90)
+            # The gauges mirror the state at the end of each tick, which may come a moment
+            # after a decision taken on a telemetry record was published.
+            wanted = (
+                'seawall_controller_breaker_state{scope="worker:w1"} 2.0',
+                'seawall_controller_batch_limit{worker="w1"} 4.0',
+            )
             async with httpx.AsyncClient() as client:
-                page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-            assert 'seawall_controller_breaker_state{scope="worker:w1"} 2.0' in page
-            assert 'seawall_controller_batch_limit{worker="w1"} 4.0' in page
+                deadline = time.monotonic() + 10
+                while True:
+                    page = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+                    if all(line in page for line in wanted) or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.1)
+            for line in wanted:
+                assert line in page
 
             procs[0].send_signal(signal.SIGKILL)
             assert procs[0].wait(timeout=10) == -signal.SIGKILL
