@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final
 
@@ -48,9 +48,7 @@ from schemas import (
     ControlEvent,
     DegradationLevel,
     DispatchedRequest,
-    EngineLimitsInfo,
     EngineStats,
-    GpuStats,
     InferenceReply,
     InferenceRequest,
     Priority,
@@ -81,7 +79,8 @@ from services.controller.engine import Output, PoolEngine
 from services.controller.settings import ControllerSettings
 from services.workers.engine.base import FinishReason
 from services.workers.engine.sim_core import SimCore
-from services.workers.service import ENGINE_PRIORITY, degraded_reason
+from services.workers.reports import gpu_stats, limits_info
+from services.workers.service import ENGINE_PRIORITY, degraded_reason, max_output_tokens
 from services.workers.settings import WorkerSettings
 
 POOLS: Final = ("main", "small")
@@ -185,14 +184,9 @@ class _Worker:
             tokens = count_tokens(WORKER.static_reply)
             self._finish(req.request_id, "static", ReasonCode.DEGRADED_STATIC, tokens, None)
         else:
-            cap = d.degradation.max_tokens_cap
-            wanted = req.sampling.max_tokens
             prompt = self.run.arrivals[req.request_id].prompt_tokens
             self.engine.add(
-                req.request_id,
-                prompt,
-                wanted if cap is None else min(wanted, cap),
-                ENGINE_PRIORITY[req.priority],
+                req.request_id, prompt, max_output_tokens(d), ENGINE_PRIORITY[req.priority]
             )
 
     def _done(self, rid: str, reason: FinishReason, tokens: int, first: float | None) -> None:
@@ -243,30 +237,10 @@ class _Worker:
                 kv_cache_usage=stats.kv_cache_usage,
                 in_flight=in_flight,
                 batch_limit=self.batch_limit,
-                limits=EngineLimitsInfo(
-                    max_num_seqs=limits.max_num_seqs,
-                    max_num_batched_tokens=limits.max_num_batched_tokens,
-                    block_size=limits.block_size,
-                    kv_capacity_tokens=limits.kv_capacity_tokens,
-                    gpu_memory_utilization=limits.gpu_memory_utilization,
-                ),
+                limits=limits_info(limits),
             )
         )
-        run.telemetry(
-            GpuStats(
-                **common,
-                gpu_index=gpu.index,
-                name=gpu.name,
-                utilization_pct=min(100.0, gpu.utilization_pct),
-                memory_used_bytes=gpu.memory_used_bytes,
-                memory_total_bytes=gpu.memory_total_bytes,
-                temperature_c=gpu.temperature_c,
-                power_w=gpu.power_w,
-                power_limit_w=gpu.power_limit_w,
-                clock_event_reasons=gpu.clock_event_reasons,
-                simulated=True,
-            )
-        )
+        run.telemetry(gpu_stats(replace(gpu, simulated=True), self.id, self.pool, common["at"]))
         run.telemetry(
             WorkerHeartbeat(
                 **common,

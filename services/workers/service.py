@@ -38,9 +38,7 @@ from schemas import (
     BreakerState,
     ControlEvent,
     DispatchedRequest,
-    EngineLimitsInfo,
     EngineStats,
-    GpuStats,
     InferenceReply,
     ReasonCode,
     ReplyChunk,
@@ -69,6 +67,7 @@ from services.workers.chunker import Coalescer
 from services.workers.engine.base import Engine, EngineError, EngineRequest
 from services.workers.engine.validate import validate_limits
 from services.workers.gpu import GpuProbe
+from services.workers.reports import gpu_stats, limits_info
 from services.workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -97,6 +96,13 @@ def degraded_reason(d: DispatchedRequest) -> ReasonCode:
     if g.quota_degraded:
         return ReasonCode.QUOTA_DEGRADED
     return ReasonCode.NONE
+
+
+def max_output_tokens(d: DispatchedRequest) -> int:
+    """What the client asked for, within degradation level 2's cap."""
+    cap = d.degradation.max_tokens_cap
+    wanted = d.request.sampling.max_tokens
+    return wanted if cap is None else min(wanted, cap)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -372,15 +378,11 @@ class Worker(Component):
             await self._finish(d, record, started, None, reply)
             return
         prompt = prompt_text(d)
-        cap = d.degradation.max_tokens_cap
-        max_tokens = (
-            min(req.sampling.max_tokens, cap) if cap is not None else req.sampling.max_tokens
-        )
         engine_request = EngineRequest(
             request_id=f"{req.request_id}#{d.attempt}",
             prompt=prompt,
             prompt_tokens=count_tokens(prompt),
-            max_tokens=max_tokens,
+            max_tokens=max_output_tokens(d),
             temperature=req.sampling.temperature,
             top_p=req.sampling.top_p,
             stop=req.sampling.stop,
@@ -527,7 +529,6 @@ class Worker(Component):
     async def _publish_stats(self) -> None:
         now = self.clock.time()
         snap = self.engine.snapshot()
-        lim = snap.limits
         m.ENGINE_RUNNING.set(snap.running)
         m.ENGINE_WAITING.set(snap.waiting)
         m.KV_USAGE.set(snap.kv_cache_usage)
@@ -543,40 +544,14 @@ class Worker(Component):
                 kv_cache_usage=min(1.0, max(0.0, snap.kv_cache_usage)),
                 in_flight=self.in_flight,
                 batch_limit=self.batch_limit,
-                limits=EngineLimitsInfo(
-                    max_num_seqs=lim.max_num_seqs,
-                    max_num_batched_tokens=lim.max_num_batched_tokens,
-                    block_size=lim.block_size,
-                    kv_capacity_tokens=lim.kv_capacity_tokens,
-                    gpu_memory_utilization=lim.gpu_memory_utilization,
-                ),
+                limits=limits_info(snap.limits),
                 at=now,
             )
         )
         for g in self.probe.sample():
             m.GPU_MEMORY.labels(str(g.index)).set(g.memory_used_bytes)
             m.GPU_TEMPERATURE.labels(str(g.index)).set(g.temperature_c)
-            await self._publish(
-                GpuStats(
-                    worker_id=self.worker_id,
-                    pool=self.settings.pool,
-                    gpu_index=g.index,
-                    name=g.name[:512],
-                    utilization_pct=min(100.0, g.utilization_pct),
-                    memory_used_bytes=g.memory_used_bytes,
-                    memory_total_bytes=g.memory_total_bytes,
-                    temperature_c=g.temperature_c,
-                    power_w=g.power_w,
-                    power_limit_w=g.power_limit_w,
-                    pcie_tx_kbps=g.pcie_tx_kbps,
-                    pcie_rx_kbps=g.pcie_rx_kbps,
-                    ecc_corrected=g.ecc_corrected,
-                    ecc_uncorrected=g.ecc_uncorrected,
-                    clock_event_reasons=g.clock_event_reasons[:32],
-                    simulated=g.simulated,
-                    at=now,
-                )
-            )
+            await self._publish(gpu_stats(g, self.worker_id, self.settings.pool, now))
         await self._publish_heartbeat()
 
     async def _publish_heartbeat(self) -> None:
