@@ -49,7 +49,7 @@ from schemas import (
     InferenceRequest,
     SamplingParams,
 )
-from seawall.retry import RetryBudget, RetryPolicy, retry_after_s, retryable
+from seawall.retry import RetryBudget, RetryPolicy, attempt_id, retry_after_s, retryable
 from services.common.bus import make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.lifecycle import Component
@@ -206,9 +206,7 @@ class SeawallClient(Component):
         self._budget.deposit()
         attempt = 1
         while True:
-            request = template.model_copy(
-                update={"request_id": base_id if attempt == 1 else f"{base_id}.{attempt}"}
-            )
+            request = template.model_copy(update={"request_id": attempt_id(base_id, attempt)})
             replies = router.register(request.request_id)
             delivered = False
             finished = False

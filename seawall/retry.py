@@ -35,6 +35,19 @@ RETRYABLE_REJECTIONS: frozenset[ReasonCode] = frozenset(
 RETRYABLE_ERRORS: frozenset[ReasonCode] = frozenset({ReasonCode.WORKER_SHUTDOWN})
 
 
+def attempt_id(request_id: str, attempt: int) -> str:
+    """The id attempt ``attempt`` is sent with: the request's own, then ``<id>.<n>`` (a
+    new id per retry, so that a late copy of an earlier attempt's rejection is never
+    taken for the retry's answer)."""
+    return request_id if attempt == 1 else f"{request_id}.{attempt}"
+
+
+def attempt_of(request_id: str, reply_id: str) -> int:
+    """The attempt a reply answers (``attempt_id`` read back); 1 for a foreign id."""
+    suffix = reply_id.removeprefix(f"{request_id}.")
+    return int(suffix) if reply_id != request_id and suffix.isdigit() else 1
+
+
 def retryable(reply: InferenceReply) -> bool:
     if reply.status is ReplyStatus.REJECTED:
         return reply.reason in RETRYABLE_REJECTIONS

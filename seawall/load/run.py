@@ -28,6 +28,7 @@ from schemas import TIER_PRIORITY, InferenceReply, ReasonCode, Tier
 from seawall.client import ClientStats, ReplyRouterClosed, RetryPolicy, SeawallClient
 from seawall.load import display, profiles, stats
 from seawall.load.profiles import PlannedRequest, Tenant
+from seawall.retry import attempt_of
 from services.ingress.keys import phase
 from services.ingress.keys_cli import open_keystore
 from services.ingress.keystore import KeyStore
@@ -138,7 +139,7 @@ class _Run:
                 if not isinstance(item, InferenceReply):
                     first = self.now() if first is None else first
                     continue
-                attempts = stats.attempt_of(request_id, item.request_id)
+                attempts = attempt_of(request_id, item.request_id)
                 self._record(request, sent_at, self.now(), item, first, attempts)
         except TimeoutError:
             self._record(request, sent_at, self.now(), None, cause="timeout")

@@ -49,12 +49,6 @@ class Outcome:
         return None if self.status is None else self.done_at - self.sent_at
 
 
-def attempt_of(request_id: str, reply_id: str) -> int:
-    """The attempt a reply answers: the SDK sends attempt n ≥ 2 as ``<id>.<n>``."""
-    suffix = reply_id.removeprefix(f"{request_id}.")
-    return int(suffix) if reply_id != request_id and suffix.isdigit() else 1
-
-
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q``-th percentile by linear interpolation between closest ranks (numpy's
     default, ``statistics.quantiles(method="inclusive")``); ``None`` when empty."""

@@ -13,7 +13,6 @@ from schemas import Priority, ReasonCode, ReplyStatus
 from seawall.load.stats import (
     ALL,
     Outcome,
-    attempt_of,
     document,
     live,
     percentile,
@@ -46,13 +45,6 @@ def test_percentile_small_cases() -> None:
     )
     with pytest.raises(ValueError, match="q must be"):
         percentile([1.0], 101)
-
-
-def test_attempt_of_reads_the_retry_suffix() -> None:
-    assert attempt_of("load-ab-3", "load-ab-3") == 1
-    assert attempt_of("load-ab-3", "load-ab-3.2") == 2
-    assert attempt_of("load-ab-3", "load-ab-3.12") == 12
-    assert attempt_of("load-ab-3", "other") == 1
 
 
 statuses = st.sampled_from([*ReplyStatus, None])

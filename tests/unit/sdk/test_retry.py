@@ -15,6 +15,8 @@ from seawall.retry import (
     RETRYABLE_REJECTIONS,
     RetryBudget,
     RetryPolicy,
+    attempt_id,
+    attempt_of,
     retry_after_s,
     retryable,
 )
@@ -135,3 +137,20 @@ def test_earned_retries_are_capped() -> None:
     for _ in range(100):
         budget.deposit()
     assert sum(budget.withdraw(0.0) for _ in range(10)) == 4  # 2 earned + 2 reserve
+
+
+def test_attempt_ids_read_back() -> None:
+    assert [attempt_id("load-ab-3", n) for n in (1, 2, 12)] == [
+        "load-ab-3",
+        "load-ab-3.2",
+        "load-ab-3.12",
+    ]
+    assert attempt_of("load-ab-3", "load-ab-3") == 1
+    assert attempt_of("load-ab-3", "load-ab-3.2") == 2
+    assert attempt_of("load-ab-3", "load-ab-3.12") == 12
+    assert attempt_of("load-ab-3", "other") == 1
+
+
+@given(st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True), st.integers(1, 100))
+def test_attempt_of_inverts_attempt_id(request_id: str, attempt: int) -> None:
+    assert attempt_of(request_id, attempt_id(request_id, attempt)) == attempt
