@@ -333,8 +333,12 @@ async def test_a_killed_controller_restarts_with_its_decisions_and_no_contradict
 
             procs[0].send_signal(signal.SIGKILL)
             assert procs[0].wait(timeout=10) == -signal.SIGKILL
+            killed_at = time.time()
             before = {k: control.latest(k) for k in in_force}
-            last_seq = max(e.seq for e in control.events)
+            # Sequences are at least the microseconds since the epoch when issued: whatever
+            # the killed controller published (some of it may not be read yet) is below
+            # this, and everything the restarted one publishes is above it.
+            last_seq = max(max(e.seq for e in control.events), int(killed_at * 1_000_000))
             procs.append(spawn_controller(settings, port, log))
 
             def republished() -> bool:
