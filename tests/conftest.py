@@ -18,10 +18,14 @@ import os
 os.environ["SEAWALL_ENV_FILE"] = os.devnull
 
 import asyncio
+import gc
+import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -39,6 +43,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = Path(str(item.fspath)).relative_to(TESTS).parts[0]
         if tier in ("unit", "integration", "e2e"):
             item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(autouse=True)
+def _asyncio_stacks_before_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
+    """pytest-timeout shows the main thread sitting in the event loop's ``select``, which
+    says nothing about what a hung async test waited for. Shortly before the timeout,
+    print the stack of every pending asyncio task (found through the garbage collector:
+    the loop belongs to pytest-asyncio, not to us), so the report names the await."""
+    marker = request.node.get_closest_marker("timeout")
+    timeout = float(marker.args[0] if marker and marker.args else request.config.getini("timeout"))
+    timer = threading.Timer(max(timeout - 20, timeout / 2), _print_pending_tasks)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _print_pending_tasks() -> None:
+    tasks = [t for t in gc.get_objects() if isinstance(t, asyncio.Task) and not t.done()]
+    print(f"--- {len(tasks)} pending asyncio tasks near the timeout ---", file=sys.stderr)
+    for task in tasks:
+        print(f"{task.get_name()}:", file=sys.stderr)
+        coro: Any = task.get_coro()
+        while coro is not None:  # the await chain, outermost first
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+            if frame is not None:
+                print(
+                    f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}",
+                    file=sys.stderr,
+                )
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+        print(f"  waiting on {task!r}"[:300], file=sys.stderr)
 
 
 def _docker_answers() -> bool:

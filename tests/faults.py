@@ -42,7 +42,11 @@ class TcpProxy:
         tb: TracebackType | None,
     ) -> None:
         self._closed = True
+        with contextlib.suppress(OSError):
+            # wakes the acceptor blocked in accept(); close() alone leaves it there
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+        self._acceptor.join(timeout=5)
         self._drop_all()
 
     def cut(self, seconds: float) -> None:
