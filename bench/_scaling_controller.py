@@ -53,10 +53,12 @@ Measured per phase, for ``--duration`` s of load starting once every reader is i
   events produced straight to the control topic during it give the broker's round trip to
   the same reader under that load, the reference for reaction times.
 
-Also, in this process: the size of a pool's changelog record (and its encoding time) at
-each scale's workers per pool. The controller writes that whole record to its changelog
-whenever the pool's state changed, and waits for the broker's ack (a producer flush)
-before publishing a new decision; the first sight of a worker is both.
+Also, in this process: what the controller writes to its changelog at each scale's
+workers per pool. A change writes the record of each scope it touched (the pool's, a
+worker's) and waits for the broker's ack (a producer flush) before publishing the new
+decision; the first sight of a worker writes that worker's record. Measured: the size of
+a worker's record and of the pool's, the time to encode a worker's, and what first
+seeing every worker of the pool writes.
 """
 
 from __future__ import annotations
@@ -373,26 +375,31 @@ def analyse(phase: Phase) -> dict[str, Any]:
     }
 
 
-def pool_record_cost(workers: int) -> dict[str, float]:
-    """The record the controller writes to its changelog (and flushes) on every change of
-    a pool — the first sight of a worker included — once the pool knows ``workers``
-    workers: its size and the time to encode it (in this process, without load)."""
+def record_cost(workers: int) -> dict[str, float]:
+    """What the controller writes to its changelog for a pool of ``workers`` workers: the
+    records of every scope (measured in this process, without load)."""
     now = time.time()
     engine = PoolEngine("bench-pool", ControllerSettings(_env_file=None).engine_config(), now)
     stamp = repr(now).encode()
+    first_sight = 0
     for i in range(workers):
         for raw in SyntheticWorker(i, ("bench-pool",), PARTITIONS).round(stamp, 0.0):
             engine.observe(decode(TELEMETRY, raw), now)
-    record = engine.record()
-    size = len(encode(record))
-    rounds, started = 5, time.perf_counter()
+            changed = engine.take_records()
+            first_sight += sum(len(encode(r)) for r in changed.workers.values() if r is not None)
+            first_sight += len(encode(changed.pool)) if changed.pool is not None else 0
+    records = engine.records()
+    assert records.pool is not None
+    worker = next(r for r in records.workers.values() if r is not None)
+    rounds, started = 50, time.perf_counter()
     for _ in range(rounds):
-        encode(record)
+        encode(worker)
     return {
         "workers_per_pool": workers,
-        "record_bytes": size,
+        "worker_record_bytes": len(encode(worker)),
+        "pool_record_bytes": len(encode(records.pool)),
         "encode_ms": (time.perf_counter() - started) / rounds * 1000,
-        "cold_start_bytes_estimate": size * (workers + 1) / 2,
+        "first_sight_bytes": first_sight,
     }
 
 

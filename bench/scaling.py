@@ -41,7 +41,7 @@ from _scaling_controller import (
     Bench,
     Phase,
     analyse,
-    pool_record_cost,
+    record_cost,
 )
 from _scaling_fleet import TELEMETRY_INTERVAL_S
 from _scaling_plot import plot
@@ -75,10 +75,12 @@ def print_report(doc: dict[str, Any]) -> None:
             f"{fmt(ratio(f['reaction_ms']['p50'], ping), '.0f'):>7}"
             f"{f['missed'] if f['controllers'] else '':>7}"
         )
-    for r in doc["controller"]["pool_record"]:
+    for r in doc["controller"]["records"]:
         print(
-            f"pool of {r['workers_per_pool']} workers: its changelog record {r['record_bytes']} B, "
-            f"encoded in {r['encode_ms']:.2f} ms"
+            f"pool of {r['workers_per_pool']} workers: a worker's changelog record "
+            f"{r['worker_record_bytes']} B (encoded in {r['encode_ms']:.3f} ms), the pool's "
+            f"{r['pool_record_bytes']} B; first sight of all of them writes "
+            f"{r['first_sight_bytes'] / 1e6:.2f} MB"
         )
     admission = doc["admission"]
     base = admission["trivial_evalsha_per_s"]
@@ -122,7 +124,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return {
         "controller": {
             "pools": list(bench.pools),
-            "pool_record": [pool_record_cost(-(-w // POOLS)) for w in args.scales],
+            "records": [record_cost(-(-w // POOLS)) for w in args.scales],
             "phases": [asdict(p) | {"label": p.label} for p in phases],
             "figures": [analyse(p) for p in phases],
         },

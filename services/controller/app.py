@@ -10,13 +10,16 @@ evaluates every owned pool each ``controller_tick_s`` (holds advance and heartbe
 shows without telemetry) and re-publishes the decisions in force. Control events go to
 ``llm.control`` keyed by ``<kind>/<scope>``.
 
-State: the ``decisions`` table (changelog-backed, keyed by pool) holds each pool's
-``PoolRecord``: the decisions in force, the sequence, the workers known. A change is
-written to the table and the changelog flushed *before* its control event is
-published, so a restarted controller never restores a state older than one it
-published (which would contradict it). The changelog partition of a pool is the
-partition of its key, as for the internal topic (``use_partitioner``), so the table
-may be written from the timer as well as from the agent. The statistics windows
+State: the ``decisions`` table (changelog-backed) holds each pool's ``PoolRecord`` under
+the key ``<pool>`` and each of its workers' ``WorkerRecord`` under ``<pool>#<worker>``:
+a change rewrites the records of the scopes it touched, never the whole pool, so the
+changelog grows with the changes, not with changes × workers. A change is written to
+the table and the changelog flushed *before* its control event is published, so a
+restarted controller never restores a state older than one it published (which would
+contradict it). Every key is partitioned by its pool alone (``partition_by_pool``, the
+faust producer's partitioner), so a pool's records share the partition of the pool on
+the internal topic and the table may be written from the timer as well as from the
+agent (``use_partitioner``). The statistics windows
 (DDSketch buckets) are not in a table: a changelog record per request would cost more
 than the windows are worth after a restart, and they refill from fresh telemetry
 within one window while the restored decisions hold.
@@ -34,7 +37,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
 from aiokafka.partitioner import DefaultPartitioner
@@ -46,10 +49,32 @@ from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.lifecycle import Component, cancel_tasks
 from services.common.serde import TELEMETRY, DecodeError, decode, encode
 from services.controller import metrics as m
-from services.controller.engine import Output, PoolEngine, PoolRecord
+from services.controller.engine import Output, PoolEngine, PoolRecord, WorkerRecord
 from services.controller.settings import ControllerSettings
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", PoolRecord, WorkerRecord)
+
+
+KEY_SEPARATOR = b"#"
+"""Between the pool and the worker in a worker record's key (never in an ``Ident``)."""
+_PARTITIONER = DefaultPartitioner()
+
+
+def pool_key(pool: str) -> bytes:
+    return pool.encode()
+
+
+def worker_key(pool: str, worker_id: str) -> bytes:
+    return pool_key(pool) + KEY_SEPARATOR + worker_id.encode()
+
+
+def partition_by_pool(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+    """The faust producer's partitioner: a record's partition is its pool's, so the
+    internal topic and every record of a pool in the changelog share one partition."""
+    pool = None if key is None else key.partition(KEY_SEPARATOR)[0]
+    partition: int = _PARTITIONER(pool, all_partitions, available)
+    return partition
 
 
 def build_app(settings: ControllerSettings, datadir: Path) -> faust.App:
@@ -72,6 +97,7 @@ def build_app(settings: ControllerSettings, datadir: Path) -> faust.App:
         broker_heartbeat_interval=min(3.0, session_s / 3),
         # A controller that starts for the first time has no use for old telemetry.
         consumer_auto_offset_reset="latest",
+        producer_partitioner=partition_by_pool,
     )
 
 
@@ -233,11 +259,10 @@ class Controller(Component):
 
     # -- pools -----------------------------------------------------------------
     def _partition(self, pool: str) -> int:
-        """The partition of a pool's key, as the producer's partitioner picks it for the
+        """The partition of a pool, as the producer's partitioner picks it for the
         internal topic and the changelog alike."""
         partitions = list(range(self.settings.topic_partitions))
-        partition: int = DefaultPartitioner()(pool.encode(), partitions, partitions)
-        return partition
+        return partition_by_pool(pool_key(pool), partitions, partitions)
 
     def _adopt_owned_pools(self, now: float) -> None:
         topic = self._by_pool.get_topic_name()
@@ -245,7 +270,9 @@ class Controller(Component):
         for pool in [p for p in self.engines if self._partition(p) not in owned]:
             log.info("pool moved to another controller instance", extra={"pool": pool})
             del self.engines[pool]
-        for key in list(self._decisions.keys()):
+        for key in list(self._decisions):
+            if KEY_SEPARATOR in key:
+                continue  # a worker's record: restored with its pool's
             pool = key.decode()
             if pool not in self.engines and self._partition(pool) in owned:
                 self._engine(pool, now)
@@ -254,31 +281,50 @@ class Controller(Component):
         engine = self.engines.get(pool)
         if engine is not None:
             return engine
-        raw = self._decisions.get(pool.encode())
-        record = None
-        if raw is not None:
-            try:
-                record = PoolRecord.model_validate_json(raw)
-            except ValidationError as e:
-                log.error(
-                    "unreadable record of a pool: starting it afresh",
-                    extra={"pool": pool, "error": str(e)[:500]},
-                )
-        engine = self.engines[pool] = PoolEngine(pool, self.config, now, record)
+        record = self._restored(PoolRecord, pool_key(pool))
+        workers: list[WorkerRecord] = []
+        if record is not None:
+            prefix = pool_key(pool) + KEY_SEPARATOR
+            for key in [k for k in self._decisions if k.startswith(prefix)]:
+                worker = self._restored(WorkerRecord, key)
+                if worker is not None:
+                    workers.append(worker)
+        engine = self.engines[pool] = PoolEngine(pool, self.config, now, record, workers)
         log.info(
             "pool restored" if record is not None else "pool first seen",
-            extra={"pool": pool, "decisions": len(engine.in_force)},
+            extra={"pool": pool, "workers": len(workers), "decisions": len(engine.in_force)},
         )
         return engine
 
+    def _restored(self, kind: type[R], key: bytes) -> R | None:
+        """The record under ``key``, if there is one and it can be read (one that cannot
+        is logged and left out: its scope starts afresh)."""
+        raw = self._decisions.get(key)
+        if raw is None:
+            return None
+        try:
+            return kind.model_validate_json(raw)
+        except ValidationError as e:
+            log.error(
+                "unreadable record: its scope starts afresh",
+                extra={"key": key.decode(errors="replace"), "error": str(e)[:500]},
+            )
+            return None
+
     async def _publish(self, engine: PoolEngine, output: Output) -> None:
-        record = engine.take_record()
-        if record is not None:
-            self._decisions[engine.pool.encode()] = encode(record)
-            if output.changes:
-                # The changelog first: a restart must never restore a state older than
-                # one already published.
-                await self.app.producer.flush()
+        records = engine.take_records()
+        if records.pool is not None:
+            self._decisions[pool_key(engine.pool)] = encode(records.pool)
+        for worker_id, worker in records.workers.items():
+            key = worker_key(engine.pool, worker_id)
+            if worker is not None:
+                self._decisions[key] = encode(worker)
+            elif key in self._decisions:
+                del self._decisions[key]  # a tombstone in the changelog
+        if output.changes:
+            # The changelog first (a change always writes its scope's record): a restart
+            # must never restore a state older than one already published.
+            await self.app.producer.flush()
         sends = [
             await self._producer.send(
                 self.topics.control, encode(event), key=event.control_key.encode()

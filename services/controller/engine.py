@@ -23,17 +23,21 @@ worker) can be told apart from their re-publications. ``seq`` is a hybrid clock,
 ``max(last + 1, µs since the epoch)``: it increases across restarts without
 coordination.
 
-Restart safety: ``record()`` is what the shell persists (the decisions in force, the
-sequence, the workers known); a ``PoolEngine`` built from a record re-publishes those
-decisions at its first ``tick`` and seeds the policies from them, so that a tripped
-breaker stays open until its recovery condition holds again in full and a batch limit
-continues from its last value. The windows refill from fresh telemetry.
+Restart safety: ``records()`` is what the shell persists: a ``PoolRecord`` (the pool's
+own decisions and the sequence) and a ``WorkerRecord`` per worker (its decisions and
+its engine's ``max_num_seqs``), so that a change costs one small record whatever the
+size of the pool; ``take_records()`` returns only the records changed since its last
+call. A ``PoolEngine`` built from them re-publishes those decisions at its first
+``tick`` and seeds the policies from them, so that a tripped breaker stays open until
+its recovery condition holds again in full and a batch limit continues from its last
+value. The windows refill from fresh telemetry.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Annotated, TypeVar
 
@@ -194,17 +198,43 @@ def scaled_config(
     )
 
 
+Seq = Annotated[int, Field(ge=0, le=2**62)]
+
+
 class PoolRecord(Wire):
-    """What survives a restart (the value of the controller's changelog-backed table)."""
+    """What survives a restart of a pool's own state."""
 
     pool: Ident
-    seq: int = Field(ge=0, le=2**62)
+    seq: Seq
+    """The sequence when written: a restarted engine continues above every record's."""
     events: tuple[ControlEvent, ...] = ()
-    """The decisions in force, as last published."""
-    workers: dict[Ident, Annotated[int, Field(ge=1)] | None] = Field(default_factory=dict)
-    """The pool's workers and their engines' ``max_num_seqs`` (``None``: not known yet)."""
+    """The pool's decisions in force, as last published."""
     degradation_triggered: tuple[str, ...] = ()
     """The ladder's triggered rungs (the event carries only the level)."""
+
+
+class WorkerRecord(Wire):
+    """What survives a restart of one worker's state in its pool."""
+
+    pool: Ident
+    worker_id: Ident
+    seq: Seq
+    max_num_seqs: Annotated[int, Field(ge=1)] | None = None
+    """Its engine's ``max_num_seqs`` (``None``: not known yet)."""
+    events: tuple[ControlEvent, ...] = ()
+    """The worker's decisions in force, as last published."""
+
+
+@dataclass(frozen=True)
+class Records:
+    """Records to persist: the pool's, and per worker id its record or ``None`` for a
+    worker forgotten (its record is to be deleted)."""
+
+    pool: PoolRecord | None = None
+    workers: Mapping[str, WorkerRecord | None] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.pool is not None or bool(self.workers)
 
 
 @dataclass(frozen=True)
@@ -308,16 +338,26 @@ class PoolEngine:
     """The decisions for one pool and its workers (see the module docstring)."""
 
     def __init__(
-        self, pool: str, config: EngineConfig, now: float, record: PoolRecord | None = None
+        self,
+        pool: str,
+        config: EngineConfig,
+        now: float,
+        record: PoolRecord | None = None,
+        workers: Iterable[WorkerRecord] = (),
     ) -> None:
+        """``record`` and ``workers``: what an earlier engine persisted for the pool
+        (worker records without a pool record are ignored: the pool starts afresh)."""
         self.pool = pool
         self.scope = f"pool:{pool}"
         self.config = config
         self._now = now
         self._seq = 0
         self._in_force: dict[str, ControlEvent] = {}
+        self._keys_by_scope: defaultdict[str, set[str]] = defaultdict(set)
+        """The control keys in force per scope (records are written per scope)."""
         self._changes: list[ControlEvent] = []
-        self._dirty = False
+        self._dirty: set[str] = set()
+        """Scopes whose record changed since the last ``take_records``."""
         self._last_republish = -math.inf
         self._workers: dict[str, _Worker] = {}
         self._monitor = HeartbeatMonitor(config.heartbeat)
@@ -335,23 +375,26 @@ class PoolEngine:
             self._issue_degradation(DegradationStatus(), first, None, now)
             self._last_republish = now  # just issued
         else:
-            self._restore(record, now)  # re-published at the first tick
+            self._restore(record, list(workers), now)  # re-published at the first tick
 
     # -- restart ---------------------------------------------------------------
-    def _restore(self, record: PoolRecord, now: float) -> None:
-        self._seq = record.seq
-        for worker_id, max_num_seqs in record.workers.items():
-            worker = self._workers[f"worker:{worker_id}"] = _Worker(worker_id, self.config)
-            worker.max_num_seqs = max_num_seqs
-        for event in record.events:
-            if self._seed(event, record, now):
-                self._in_force[event.control_key] = event
+    def _restore(self, record: PoolRecord, workers: list[WorkerRecord], now: float) -> None:
+        self._seq = max([record.seq, *(w.seq for w in workers)])
+        for saved in workers:
+            worker = self._workers[f"worker:{saved.worker_id}"] = _Worker(
+                saved.worker_id, self.config
+            )
+            worker.max_num_seqs = saved.max_num_seqs
+        events = [*record.events, *(e for w in workers for e in w.events)]
+        for event in events:
+            if self._seed(event, record.degradation_triggered, now):
+                self._set_in_force(event)
         for scope, worker in self._workers.items():
             lost = HEARTBEAT in worker.breaker.status.tripped
             self._monitor.restore(scope, now, Liveness.LOST if lost else Liveness.ALIVE)
             worker.lost_since = now if lost else None
 
-    def _seed(self, event: ControlEvent, record: PoolRecord, now: float) -> bool:
+    def _seed(self, event: ControlEvent, triggered: tuple[str, ...], now: float) -> bool:
         """Seed the policy the event decided for; False if its scope is not ours."""
         if isinstance(event, BreakerState):
             status = BreakerStatus(
@@ -364,7 +407,7 @@ class PoolEngine:
                 self._workers[event.scope].breaker.restore(status, now)
                 return True
         elif isinstance(event, DegradationLevel) and event.scope == self.scope:
-            self._ladder.restore(DegradationStatus(event.level, record.degradation_triggered))
+            self._ladder.restore(DegradationStatus(event.level, triggered))
             return True
         elif isinstance(event, BatchLimit) and event.scope in self._workers:
             worker = self._workers[event.scope]
@@ -375,21 +418,49 @@ class PoolEngine:
                 return True
         return False
 
-    def record(self) -> PoolRecord:
-        return PoolRecord(
-            pool=self.pool,
-            seq=self._seq,
-            events=tuple(self._in_force.values()),
-            workers={w.id: w.max_num_seqs for w in self._workers.values()},
-            degradation_triggered=self._ladder.status.triggered,
-        )
+    def records(self) -> Records:
+        """Every record of the pool (what a restarted engine is built from)."""
+        return self._records([self.scope, *self._workers])
 
-    def take_record(self) -> PoolRecord | None:
-        """The record if it changed since the last call (what the shell persists)."""
-        if not self._dirty:
-            return None
-        self._dirty = False
-        return self.record()
+    def take_records(self) -> Records:
+        """The records changed since the last call (what the shell persists); falsy if
+        none did."""
+        dirty, self._dirty = self._dirty, set()
+        return self._records(dirty)
+
+    def _records(self, scopes: Iterable[str]) -> Records:
+        pool: PoolRecord | None = None
+        workers: dict[str, WorkerRecord | None] = {}
+        for scope in scopes:
+            if scope == self.scope:
+                pool = PoolRecord(
+                    pool=self.pool,
+                    seq=self._seq,
+                    events=self._events_of(scope),
+                    degradation_triggered=self._ladder.status.triggered,
+                )
+                continue
+            worker_id = scope.removeprefix("worker:")
+            worker = self._workers.get(scope)
+            workers[worker_id] = (
+                None
+                if worker is None
+                else WorkerRecord(
+                    pool=self.pool,
+                    worker_id=worker_id,
+                    seq=self._seq,
+                    max_num_seqs=worker.max_num_seqs,
+                    events=self._events_of(scope),
+                )
+            )
+        return Records(pool, workers)
+
+    def _events_of(self, scope: str) -> tuple[ControlEvent, ...]:
+        return tuple(self._in_force[key] for key in sorted(self._keys_by_scope.get(scope, ())))
+
+    def _set_in_force(self, event: ControlEvent) -> None:
+        self._in_force[event.control_key] = event
+        self._keys_by_scope[event.scope].add(event.control_key)
 
     # -- views -----------------------------------------------------------------
     @property
@@ -468,7 +539,7 @@ class PoolEngine:
             self.config.batch,
             event.batch_limit if previous is None else previous,
         )
-        self._dirty = True
+        self._dirty.add(worker.scope)
         if previous == worker.batch.limit:
             return
         evidence = PolicyEvidence(
@@ -501,9 +572,9 @@ class PoolEngine:
             return
         self._monitor.forget(scope)
         self.inputs.pop(scope, None)
-        for key in [k for k, e in self._in_force.items() if e.scope == scope]:
+        for key in self._keys_by_scope.pop(scope, ()):
             del self._in_force[key]
-        self._dirty = True
+        self._dirty.add(scope)
 
     # -- time ------------------------------------------------------------------
     def tick(self, now: float) -> Output:
@@ -555,9 +626,9 @@ class PoolEngine:
 
     # -- events ----------------------------------------------------------------
     def _emit(self, event: ControlEvent) -> None:
-        self._in_force[event.control_key] = event
+        self._set_in_force(event)
         self._changes.append(event)
-        self._dirty = True
+        self._dirty.add(event.scope)
 
     def _republish(self, event: ControlEvent, now: float) -> ControlEvent:
         age = max(0.0, now - event.issued_at)

@@ -28,6 +28,8 @@ from services.controller.engine import (
     Output,
     PoolEngine,
     PoolRecord,
+    Records,
+    WorkerRecord,
     memory_headroom_pct,
     scaled_config,
     wire_evidence,
@@ -136,11 +138,13 @@ class Fleet:
     """One pool engine and a clock; collects every event it emits."""
 
     def __init__(
-        self, config: EngineConfig | None = None, record: PoolRecord | None = None, now: float = T0
+        self, config: EngineConfig | None = None, records: Records | None = None, now: float = T0
     ) -> None:
         self.config = config or EngineConfig()
         self.now = now
-        self.engine = PoolEngine("main", self.config, now, record)
+        saved = records or Records()
+        workers = [w for w in saved.workers.values() if w is not None]
+        self.engine = PoolEngine("main", self.config, now, saved.pool, workers)
         self.events: list[ControlEvent] = []
 
     def feed(self, *telemetry: object) -> Output:
@@ -190,10 +194,32 @@ def test_a_pool_and_a_worker_get_an_explicit_first_state() -> None:
     assert isinstance(limit, BatchLimit)
     assert (limit.worker_id, limit.limit) == ("w1", 64)  # the worker's 100, within max_num_seqs
     assert limit.evidence.thresholds["max_num_seqs"] == 64
-    record = fleet.engine.take_record()
-    assert record is not None
-    assert record.workers == {"w1": 64}
-    assert fleet.engine.take_record() is None  # nothing changed since
+    records = fleet.engine.take_records()
+    assert records.pool is not None
+    assert [e.control_key for e in records.pool.events] == [
+        "breaker/pool:main",
+        "degradation/pool:main",
+    ]
+    (worker,) = records.workers.values()
+    assert worker is not None
+    assert (worker.worker_id, worker.max_num_seqs) == ("w1", 64)
+    assert {e.control_key for e in worker.events} == {"breaker/worker:w1", "batch_limit/worker:w1"}
+    assert not fleet.engine.take_records()  # nothing changed since
+
+
+def test_a_change_rewrites_only_the_records_of_the_scopes_it_touched() -> None:
+    fleet = Fleet()
+    workers = [f"w{i}" for i in range(50)]
+    fleet.feed(*(heartbeat(w, T0) for w in workers), *(engine_stats(w, T0) for w in workers))
+    assert len(fleet.engine.take_records().workers) == 50
+    fleet.serve("w7", 40, errors=20)  # trips w7's breaker (and the pool's: it is all w7)
+    fleet.tick()
+    changed = fleet.engine.take_records()
+    assert set(changed.workers) == {"w7"}
+    w7 = changed.workers["w7"]
+    assert w7 is not None
+    (breaker,) = [e for e in w7.events if isinstance(e, BreakerState)]
+    assert breaker.state == "open"
 
 
 def test_sequence_numbers_increase_even_when_the_clock_stands_still_or_goes_back() -> None:
@@ -373,10 +399,10 @@ def test_heartbeat_loss_isolates_a_worker_until_it_beats_and_passes_its_probes()
 def test_a_stopped_worker_is_forgotten_and_no_longer_republished() -> None:
     fleet = Fleet()
     fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0), engine_stats("w1", T0))
+    fleet.engine.take_records()
     fleet.feed(heartbeat("w1", T0, status="stopped"))
-    assert fleet.engine.take_record() is not None
-    record = fleet.engine.record()
-    assert set(record.workers) == {"w2"}
+    assert fleet.engine.take_records().workers == {"w1": None}  # its record is deleted
+    assert set(fleet.engine.records().workers) == {"w2"}
     out = fleet.tick(advance=fleet.config.republish_s)
     assert {e.scope for e in out.republished} == {"pool:main", "worker:w2"}
 
@@ -394,9 +420,19 @@ def test_a_worker_lost_for_long_is_forgotten() -> None:
 
 
 def restarted(fleet: Fleet, after_s: float) -> Fleet:
-    """A new engine from the old one's record, as a restarted controller builds it."""
-    record = PoolRecord.model_validate_json(fleet.engine.record().model_dump_json())
-    return Fleet(fleet.config, record, now=fleet.now + after_s)
+    """A new engine from the old one's records, as a restarted controller builds it (from
+    their JSON, as the changelog holds them)."""
+    saved = fleet.engine.records()
+    assert saved.pool is not None
+    records = Records(
+        PoolRecord.model_validate_json(saved.pool.model_dump_json()),
+        {
+            worker_id: WorkerRecord.model_validate_json(w.model_dump_json())
+            for worker_id, w in saved.workers.items()
+            if w is not None
+        },
+    )
+    return Fleet(fleet.config, records, now=fleet.now + after_s)
 
 
 def test_a_restart_republishes_the_decisions_in_force_and_nothing_else() -> None:
