@@ -67,7 +67,6 @@ from services.admission.policy import (
     AdmissionPolicy,
     PolicyConfig,
     Reply,
-    is_expired,
     worker_share,
 )
 from services.admission.scheduler import PriorityScheduler
@@ -419,9 +418,9 @@ class SeawallRun:
         now = self.clock.time()
         expired: list[_Waiting] = []
         for key, dq in self.queues.items():
-            if any(is_expired(w.request, now) for w in dq):
-                expired += [w for w in dq if is_expired(w.request, now)]
-                self.queues[key] = deque(w for w in dq if not is_expired(w.request, now))
+            if any(w.request.expired(now) for w in dq):
+                expired += [w for w in dq if w.request.expired(now)]
+                self.queues[key] = deque(w for w in dq if not w.request.expired(now))
         self._unbuffer(expired)
         return expired
 

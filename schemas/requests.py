@@ -106,6 +106,11 @@ class InferenceRequest(Message):
         """Session affinity: the same session lands on the same partition (and worker)."""
         return self.session_id or self.tenant
 
+    def expired(self, now: float) -> bool:
+        """Past its deadline at ``now`` (the deadline itself counts as past): the one
+        rule admission and workers both apply."""
+        return self.deadline_at is not None and now >= self.deadline_at
+
 
 class Degradation(Wire):
     """What admission changed about a request before dispatch (DESIGN, degradation ladder)."""

@@ -185,10 +185,6 @@ def region_bucket(region: str) -> str:
     return f"region:{quote(region, safe='')}"
 
 
-def is_expired(request: InferenceRequest, now: float) -> bool:
-    return request.deadline_at is not None and now >= request.deadline_at
-
-
 def retry_only(seconds: float) -> RateLimitInfo:
     """Rate-limit fields of a rejection no quota figure applies to: only the retry hint."""
     s = min(float(max(1, math.ceil(seconds))), _WIRE_MAX_SECONDS)
@@ -452,7 +448,7 @@ class AdmissionPolicy:
                 "cancelled by the client before dispatch",
                 now,
             )
-        if is_expired(request, now):
+        if request.expired(now):
             return terminal(
                 request,
                 ReplyStatus.EXPIRED,

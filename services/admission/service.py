@@ -72,7 +72,6 @@ from services.admission.policy import (
     PolicyConfig,
     Reply,
     Screened,
-    is_expired,
     worker_share,
 )
 from services.admission.quota import (
@@ -402,7 +401,7 @@ class Admission(Component):
             m.BACKLOG.labels(cls.value).set(self.backlog(cls))
 
     def _take_expired(self, now: float) -> list[_Waiting]:
-        return self._remove(lambda w: is_expired(w.request, now))
+        return self._remove(lambda w: w.request.expired(now))
 
     def _remove(self, which: Callable[[_Waiting], bool]) -> list[_Waiting]:
         """Take the waiting requests ``which`` selects out of every backlog."""

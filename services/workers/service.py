@@ -356,7 +356,7 @@ class Worker(Component):
     async def _answer(self, d: DispatchedRequest, record: ConsumerRecord[bytes, bytes]) -> None:
         req = d.request
         started = self.clock.time()
-        if req.deadline_at is not None and started > req.deadline_at:
+        if req.expired(started):
             reply = self._reply(
                 req.request_id,
                 ReplyStatus.EXPIRED,
