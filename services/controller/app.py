@@ -16,10 +16,11 @@ a change rewrites the records of the scopes it touched, never the whole pool, so
 changelog grows with the changes, not with changes × workers. A change is written to
 the table and the changelog flushed *before* its control event is published, so a
 restarted controller never restores a state older than one it published (which would
-contradict it). Every key is partitioned by its pool alone (``partition_by_pool``, the
-faust producer's partitioner), so a pool's records share the partition of the pool on
-the internal topic and the table may be written from the timer as well as from the
-agent (``use_partitioner``). The statistics windows
+contradict it); the ``Outbox`` shares one flush among the decisions pending
+together. Every key is partitioned by its pool alone (``partition_by_pool``, the faust
+producer's partitioner), so a pool's records share the partition of the pool on the
+internal topic and the table may be written from the timer as well as from the agent
+(``use_partitioner``). The statistics windows
 (DDSketch buckets) are not in a table: a changelog record per request would cost more
 than the windows are worth after a restart, and they refill from fresh telemetry
 within one window while the restored decisions hold.
@@ -36,6 +37,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,12 +46,14 @@ from aiokafka.partitioner import DefaultPartitioner
 from faust.types import StreamT
 from pydantic import ValidationError
 
+from schemas import ControlEvent
 from services.common.bus import ensure_topics, make_producer, send_dead_letter, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.lifecycle import Component, cancel_tasks
 from services.common.serde import TELEMETRY, DecodeError, decode, encode
 from services.controller import metrics as m
 from services.controller.engine import Output, PoolEngine, PoolRecord, WorkerRecord
+from services.controller.outbox import Outbox
 from services.controller.settings import ControllerSettings
 
 log = logging.getLogger(__name__)
@@ -158,6 +162,8 @@ class Controller(Component):
         self.app.agent(self._by_pool, name="decide")(self._decide)
         self._worker = _InProcessWorker(self.app)
         self._ticker: asyncio.Task[Any] | None = None
+        self._outbox = Outbox(flush=lambda: self.app.producer.flush(), send=self._send)
+        self._publisher: asyncio.Task[Any] | None = None
 
     # -- lifecycle -------------------------------------------------------------
     async def on_start(self) -> None:
@@ -171,6 +177,7 @@ class Controller(Component):
             # faust makes its data directory when it starts; the memory store never uses
             # it, so nothing is left behind, not even by a killed controller.
             shutil.rmtree(self._datadir, ignore_errors=True)
+        self._publisher = self.spawn(self._outbox.run(), "publish")
         self._ticker = self.spawn(self._tick_loop(), "tick")
         log.info(
             "controller started",
@@ -185,6 +192,10 @@ class Controller(Component):
             await cancel_tasks({self._ticker})
         try:
             await self._worker.stop()  # agents finish their record; offsets are committed
+            if self._publisher is not None:
+                await cancel_tasks({self._publisher})
+            # Stopping faust stopped (and so flushed) the changelog's producer.
+            await self._outbox.drain(durable=True)
         finally:
             await self._producer.stop()
 
@@ -321,18 +332,6 @@ class Controller(Component):
                 self._decisions[key] = encode(worker)
             elif key in self._decisions:
                 del self._decisions[key]  # a tombstone in the changelog
-        if output.changes:
-            # The changelog first (a change always writes its scope's record): a restart
-            # must never restore a state older than one already published.
-            await self.app.producer.flush()
-        sends = [
-            await self._producer.send(
-                self.topics.control, encode(event), key=event.control_key.encode()
-            )
-            for event in output.events
-        ]
-        if sends:
-            await asyncio.gather(*sends)
         for event in output.changes:
             log.info(
                 "decision",
@@ -342,3 +341,16 @@ class Controller(Component):
                     "reason": event.evidence.reason,
                 },
             )
+        # Published once the changelog holds their records (a change always writes its
+        # scope's record): a restart must never restore a state older than one already
+        # published. The outbox shares that flush among the decisions pending together.
+        await self._outbox.put(output.events, flush_first=bool(output.changes))
+
+    async def _send(self, events: Sequence[ControlEvent]) -> None:
+        sends = [
+            await self._producer.send(
+                self.topics.control, encode(event), key=event.control_key.encode()
+            )
+            for event in events
+        ]
+        await asyncio.gather(*sends)
