@@ -472,20 +472,10 @@ class SeawallRun:
             engine = self.pool_engines[event.pool] = PoolEngine(event.pool, self.engine_config, now)
         self._publish(engine.observe(event, now))
         # ... and admission (its telemetry and corrections loops)
-        mono = self.clock.monotonic()
+        self.capacity.observe(event, self.clock.monotonic())
         if isinstance(event, EngineStats | WorkerHeartbeat):
-            status = event.status if isinstance(event, WorkerHeartbeat) else None
-            self.capacity.report(
-                event.worker_id,
-                event.pool,
-                batch_limit=event.batch_limit,
-                in_flight=event.in_flight,
-                now=mono,
-                status=status,
-            )
             self._wake()
         elif isinstance(event, RequestCompleted):
-            self.capacity.completed(event.worker_id, event.request_id, mono)
             arrival = self.arrivals[event.request_id]
             actual = event.prompt_tokens + event.completion_tokens
             self._settle(event.request_id, event.tenant, arrival, actual)

@@ -37,6 +37,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
 
+from schemas import EngineStats, RequestCompleted, TelemetryEvent, WorkerHeartbeat
+
 WorkerStatus = Literal["starting", "serving", "draining", "stopped"]
 _ABSORBING: frozenset[WorkerStatus] = frozenset({"starting", "serving"})
 
@@ -114,6 +116,21 @@ class FleetCapacity:
         w.completed_since_report = 0
         if status is not None:
             w.status = status
+
+    def observe(self, event: TelemetryEvent, now: float) -> None:
+        """A telemetry record, whatever its kind (those that say nothing of capacity are
+        ignored): what admission's telemetry loop feeds."""
+        if isinstance(event, EngineStats | WorkerHeartbeat):
+            self.report(
+                event.worker_id,
+                event.pool,
+                batch_limit=event.batch_limit,
+                in_flight=event.in_flight,
+                now=now,
+                status=event.status if isinstance(event, WorkerHeartbeat) else None,
+            )
+        elif isinstance(event, RequestCompleted):
+            self.completed(event.worker_id, event.request_id, now)
 
     def completed(self, worker_id: str, request_id: str, now: float) -> None:
         """A ``RequestCompleted``: the slot is free, and the request leaves the ledger."""

@@ -54,13 +54,11 @@ from redis.backoff import NoBackoff
 from schemas import (
     BreakerState,
     ControlEvent,
-    EngineStats,
     InferenceRequest,
     Priority,
     ReasonCode,
     RequestCompleted,
     Tier,
-    WorkerHeartbeat,
 )
 from services.admission import metrics as m
 from services.admission.capacity import CapacityConfig, FleetCapacity
@@ -557,17 +555,7 @@ class Admission(Component):
             event = decode(TELEMETRY, raw)
         except DecodeError:
             return  # the workers' records; the controller dead-letters what it cannot read
-        if isinstance(event, EngineStats | WorkerHeartbeat):
-            self.capacity.report(
-                event.worker_id,
-                event.pool,
-                batch_limit=event.batch_limit,
-                in_flight=event.in_flight,
-                now=now,
-                status=event.status if isinstance(event, WorkerHeartbeat) else None,
-            )
-        elif isinstance(event, RequestCompleted):
-            self.capacity.completed(event.worker_id, event.request_id, now)
+        self.capacity.observe(event, now)
 
     async def _corrections_loop(self) -> None:
         consumer = self._completions

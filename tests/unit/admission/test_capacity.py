@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.admission.capacity import CapacityConfig, FleetCapacity
+from schemas import (
+    EngineLimitsInfo,
+    EngineStats,
+    Priority,
+    RequestCompleted,
+    Tier,
+    WorkerHeartbeat,
+)
+from services.admission.capacity import CapacityConfig, FleetCapacity, PoolView, WorkerStatus
 
 pytestmark = pytest.mark.unit
 
@@ -251,3 +259,65 @@ def test_one_instance_never_queues_more_than_the_slack_in_kafka(
                 cap.completed("w", rid, now=now)
         if reports:
             cap.report("w", "main", batch_limit=limit, in_flight=len(running), now=now)
+
+
+def engine_stats(worker: str, in_flight: int) -> EngineStats:
+    limits = EngineLimitsInfo(
+        max_num_seqs=64, max_num_batched_tokens=8192, block_size=16, kv_capacity_tokens=0
+    )
+    return EngineStats(
+        worker_id=worker,
+        pool="main",
+        engine="sim",
+        running=in_flight,
+        waiting=0,
+        preempted_total=0,
+        kv_cache_usage=0.0,
+        in_flight=in_flight,
+        batch_limit=8,
+        limits=limits,
+        at=1.0,
+    )
+
+
+def heartbeat(worker: str, status: WorkerStatus) -> WorkerHeartbeat:
+    return WorkerHeartbeat(
+        worker_id=worker,
+        pool="main",
+        engine="sim",
+        status=status,
+        in_flight=0,
+        batch_limit=8,
+        host_cpu_pct=1.0,
+        host_memory_pct=1.0,
+        started_at=1.0,
+        at=1.0,
+    )
+
+
+def completed(worker: str, request_id: str) -> RequestCompleted:
+    return RequestCompleted(
+        worker_id=worker,
+        pool="main",
+        request_id=request_id,
+        tenant="acme",
+        priority=Priority.STANDARD,
+        tier=Tier.PRO,
+        queue_wait_ms=1.0,
+        latency_ms=10.0,
+        prompt_tokens=100,
+        completion_tokens=5,
+        at=1.0,
+    )
+
+
+def test_observe_reads_each_kind_of_telemetry() -> None:
+    cap = fleet()
+    cap.observe(engine_stats("w1", in_flight=2), now=0.0)
+    cap.observe(heartbeat("w2", status="starting"), now=0.0)
+    assert cap.view("main", now=0.0) == PoolView(workers=2, slots=16, in_pool=2, free=14)
+    cap.observe(heartbeat("w2", status="draining"), now=0.5)
+    cap.dispatched("main", "r1", 0.6)
+    assert cap.view("main", now=0.6) == PoolView(workers=1, slots=8, in_pool=3, free=5)
+    cap.observe(completed("w1", "r1"), now=0.7)  # the ledger's and a reported slot
+    assert cap.view("main", now=0.7) == PoolView(workers=1, slots=8, in_pool=1, free=7)
