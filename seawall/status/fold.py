@@ -1,36 +1,21 @@
-"""``seawall status``: the fleet at a glance, for operators.
-
-Pure part: ``StatusFold`` folds telemetry and control records, as read from the broker,
-into a ``FleetStatus`` at an injected ``now``: the workers heard from in the telemetry
-window (alive, or stale once silent longer than the controller's heartbeat timeout),
-the pools, the decisions in force (breakers, degradation levels, batch limits: per
-``<kind>/<scope>`` the highest ``seq`` wins, applied by the ``ControlState`` every
-consumer uses) and how old the newest decision is. ``lags`` turns committed and end
-offsets into consumer-group lags.
-
-Shell part: ``collect`` reads the whole control topic and the telemetry topic from
-``window_s`` ago, with no consumer group (it changes nothing on the broker), up to the
-end offsets seen when it started, so that it returns promptly on empty and busy topics
-alike; then the committed offsets of the fleet's consumer groups; all within
-``timeout_s``.
+"""The pure part of ``seawall status``: ``StatusFold`` folds telemetry and control
+records, as read from the broker, into a ``FleetStatus`` at an injected ``now``: the
+workers heard from in the telemetry window (alive, or stale once silent longer than the
+controller's heartbeat timeout), the pools, the decisions in force (breakers,
+degradation levels, batch limits: per ``<kind>/<scope>`` the highest ``seq`` wins,
+applied by the ``ControlState`` every consumer uses) and how old the newest decision
+is. ``lags`` turns committed and end offsets into consumer-group lags.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from aiokafka import TopicPartition
 
 from schemas import (
     BatchLimit,
@@ -42,11 +27,8 @@ from schemas import (
     WorkerHeartbeat,
 )
 from seawall.events import describe, expired
-from services.common.bus import make_consumer, topics_of
 from services.common.control import ControlState
 from services.common.serde import CONTROL, TELEMETRY, DecodeError, decode
-from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from services.controller.settings import ControllerSettings
 
 STALE_AFTER_S: float = ControllerSettings.model_fields["controller_heartbeat_timeout_s"].default
@@ -397,277 +379,3 @@ def _pool(
         degradation=degradation,
         breaker=breaker,
     )
-
-
-# -- rendering ----------------------------------------------------------------------
-
-
-def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if abs(seconds) < 120:
-        return f"{seconds:.1f}s ago"
-    if abs(seconds) < 7200:
-        return f"{seconds / 60:.0f}m ago"
-    return f"{seconds / 3600:.0f}h ago"
-
-
-def _opt(value: object) -> str:
-    return "-" if value is None else str(value)
-
-
-def _table(title: str, *columns: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    return table
-
-
-def _when_decided(decided: Decided) -> str:
-    text = _ago(decided.age_s)
-    return f"[red]{text} (expired)[/]" if decided.expired else text
-
-
-def _workers(status: FleetStatus) -> Table:
-    table = _table(
-        "workers", "worker", "pool", "state", "seen", "in flight", "run/wait", "KV", "limit", "GPUs"
-    )
-    for w in status.workers:
-        state = "[green]alive[/]" if w.alive else "[red]stale[/]"
-        if w.status not in (None, "serving"):
-            state += f" ({w.status})"
-        gpus = ", ".join(
-            f"{g.index}: {g.temperature_c:.0f}°C {g.utilization_pct:.0f}%"
-            + (" sim" if g.simulated else "")
-            for g in w.gpus
-        )
-        table.add_row(
-            escape(w.worker_id),
-            escape(w.pool),
-            state,
-            _ago(w.last_seen_s),
-            _opt(w.in_flight),
-            "-" if w.running is None else f"{w.running}/{w.waiting}",
-            "-" if w.kv_cache_usage is None else f"{w.kv_cache_usage:.0%}",
-            _opt(w.batch_limit),
-            escape(gpus) or "-",
-        )
-    return table
-
-
-def _pools(status: FleetStatus) -> Table:
-    table = _table(
-        "pools", "pool", "workers alive", "in flight", "waiting", "degradation", "breaker"
-    )
-    for p in status.pools:
-        table.add_row(
-            escape(p.pool),
-            f"{p.alive}/{p.workers}",
-            str(p.in_flight),
-            str(p.waiting),
-            _opt(p.degradation),
-            _opt(p.breaker),
-        )
-    return table
-
-
-def _decisions(title: str, rows: Iterable[tuple[str, Decided]]) -> Table:
-    """Breakers or degradation levels: scope, state, when, why."""
-    table = _table(title, "scope", "state", "decided", "reason")
-    for scope, decided in rows:
-        table.add_row(
-            escape(scope),
-            escape(decided.summary),
-            _when_decided(decided),
-            escape(decided.reason),
-        )
-    return table
-
-
-def _batch_limits(status: FleetStatus) -> Table:
-    reported = {w.worker_id: w.batch_limit for w in status.workers}
-    table = _table("batch limits", "worker", "limit", "reported", "decided", "reason")
-    for b in status.batch_limits:
-        table.add_row(
-            escape(b.worker_id),
-            str(b.limit),
-            _opt(reported.get(b.worker_id)),
-            _when_decided(b.decided),
-            escape(b.decided.reason),
-        )
-    return table
-
-
-def _lags(status: FleetStatus) -> Table:
-    table = _table("consumer lag", "group", "topic", "partitions", "committed", "end", "lag")
-    for x in status.lags:
-        table.add_row(
-            escape(x.group),
-            escape(x.topic),
-            *(str(n) for n in (x.partitions, x.committed, x.end, x.lag)),
-        )
-    committing = {x.group for x in status.lags}
-    for group in status.groups:
-        if group not in committing:
-            table.add_row(escape(group), "[dim](nothing committed)[/]", "", "", "", "")
-    return table
-
-
-def render(status: FleetStatus, console: Console) -> None:
-    """The status as rich tables."""
-    console.print(
-        f"telemetry: last {status.window_s:g}s, {status.telemetry_events} records · "
-        f"control state: newest decision {_ago(status.control_age_s)} "
-        f"({status.control_events} events read)",
-        highlight=False,
-    )
-    if status.invalid_records:
-        console.print(f"[yellow]skipped {status.invalid_records} undecodable records[/]")
-    tables = (
-        _workers(status),
-        _pools(status),
-        _decisions("breakers", ((b.scope, b.decided) for b in status.breakers)),
-        _decisions("degradation", ((d.scope, d.decided) for d in status.degradations)),
-        _batch_limits(status),
-        _lags(status),
-    )
-    for table in tables:
-        console.print(table if table.row_count else f"[dim]{table.title}: none[/]")
-
-
-# -- shell --------------------------------------------------------------------------
-
-
-class StatusError(Exception):
-    """The fleet could not be read; the message tells the operator why."""
-
-
-def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-
-
-async def _read_topics(
-    consumer: AIOKafkaConsumer, topics: Topics, fold: StatusFold, since: float
-) -> None:
-    """Feed ``fold`` the whole control topic and the telemetry from ``since`` on, up to
-    the end offsets of now (whole record batches: Tansu's end offset is the first offset
-    of a partition's last batch plus one)."""
-    control = _partitions(consumer, topics.control)
-    telemetry = _partitions(consumer, topics.telemetry)
-    consumer.assign([*control, *telemetry])
-    await consumer.seek_to_beginning(*control)
-    ends: dict[TopicPartition, int] = await consumer.end_offsets([*control, *telemetry])
-    since_ms = int(since * 1000)
-    starts = await consumer.offsets_for_times({tp: since_ms for tp in telemetry})
-    for tp in telemetry:
-        found = starts.get(tp)
-        # No record that recent: Kafka answers None, Tansu offset 0 with timestamp -1.
-        recent = found is not None and found.timestamp >= since_ms
-        consumer.seek(tp, found.offset if recent else ends[tp])
-    while True:
-        pending = [tp for tp in ends if await consumer.position(tp) < ends[tp]]
-        if not pending:
-            return
-        batches = await consumer.getmany(*pending, timeout_ms=200)
-        for tp, records in batches.items():
-            feed = fold.feed_control if tp.topic == topics.control else fold.feed_telemetry
-            for record in records:
-                feed(record.value)
-
-
-async def _committed(
-    settings: CommonSettings, partitions: list[TopicPartition]
-) -> dict[str, dict[TopicPartition, int]]:
-    """The fleet's consumer groups (``<prefix>seawall…``) and their committed offsets
-    among ``partitions``."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.kafka_bootstrap, client_id=f"seawall-{settings.instance_id}"
-    )
-    await admin.start()
-    try:
-        stem = f"{settings.topic_prefix}{GROUP_STEM}"
-        groups = sorted(g for g, *_ in await admin.list_consumer_groups() if g.startswith(stem))
-        committed: dict[str, dict[TopicPartition, int]] = {}
-        for group in groups:
-            # Named partitions: Tansu answers a request for "all of them" with a response
-            # aiokafka cannot parse.
-            offsets = await admin.list_consumer_group_offsets(group, partitions=partitions)
-            committed[group] = {tp: o.offset for tp, o in offsets.items() if o.offset >= 0}
-        return committed
-    finally:
-        await admin.close()
-
-
-async def _collect(settings: CommonSettings, window_s: float, stale_after_s: float) -> FleetStatus:
-    topics = topics_of(settings)
-    consumer = make_consumer(settings, group_id=None)
-    try:
-        try:
-            await consumer.start()
-        except KafkaError as e:
-            raise StatusError(f"no broker answered at {settings.kafka_bootstrap}: {e}") from None
-        existing = await consumer.topics()
-        missing = [t for t in (topics.telemetry, topics.control) if t not in existing]
-        if missing:
-            raise StatusError(
-                f"no topic {', '.join(missing)} on {settings.kafka_bootstrap} (is the stack "
-                "up? check SEAWALL_KAFKA_BOOTSTRAP and SEAWALL_TOPIC_PREFIX)"
-            )
-        # Before ``assign``: from then on the metadata holds only the assigned topics. The
-        # telemetry and control topics carry the prefix: never an empty list.
-        ours = [
-            tp
-            for topic in sorted(existing)
-            if topic.startswith(settings.topic_prefix) and not topic.startswith("__")
-            for tp in _partitions(consumer, topic)
-        ]
-        fold = StatusFold(stale_after_s)
-        await _read_topics(consumer, topics, fold, time.time() - window_s)
-        committed = await _committed(settings, ours)
-        held = sorted({tp for offsets in committed.values() for tp in offsets})
-        ends = await consumer.end_offsets(held) if held else {}
-        groups = list(committed)
-        return fold.result(time.time(), window_s, settings.pools, groups, lags(committed, ends))
-    finally:
-        await consumer.stop()
-
-
-async def collect(
-    settings: CommonSettings,
-    window_s: float,
-    timeout_s: float,
-    stale_after_s: float = STALE_AFTER_S,
-) -> FleetStatus:
-    """Read the fleet's status from the broker; ``StatusError`` if it cannot be read
-    within ``timeout_s``."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _collect(settings, window_s, stale_after_s)
-    except TimeoutError:
-        raise StatusError(
-            f"the broker at {settings.kafka_bootstrap} did not give the fleet's status "
-            f"within {timeout_s:g}s"
-        ) from None
-    except KafkaError as e:
-        raise StatusError(f"the broker at {settings.kafka_bootstrap} failed: {e}") from None
-
-
-def run_status(
-    settings: CommonSettings,
-    window_s: float,
-    as_json: bool,
-    timeout_s: float,
-    console: Console,
-) -> int:
-    """Print the fleet's status as tables or one JSON document; the exit status: 0 done,
-    1 no broker, no fleet topics, or no answer in time."""
-    try:
-        status = asyncio.run(collect(settings, window_s, timeout_s))
-    except StatusError as e:
-        console.print(f"[red]{escape(str(e))}[/]", highlight=False)
-        return 1
-    if as_json:
-        console.out(status.to_json(), highlight=False)
-    else:
-        render(status, console)
-    return 0
