@@ -92,14 +92,15 @@ end
 
 local reply = {outcome, clock[1], clock[2]}
 for i, b in ipairs(buckets) do
-  redis.call('HSET', KEYS[i], 'tokens', fmt(b.tokens), 'ts', fmt(b.ts), 'burst', fmt(b.burst))
+  local tokens, ts, burst = fmt(b.tokens), fmt(b.ts), fmt(b.burst)
+  redis.call('HSET', KEYS[i], 'tokens', tokens, 'ts', ts, 'burst', burst)
   local full_after = (b.cap - b.tokens) / b.rate
   if b.bcap > 0 then
     full_after = math.max(full_after, (b.bcap - b.burst) / b.brate)
   end
   redis.call('PEXPIRE', KEYS[i], string.format('%d', math.ceil(full_after * 1000) + margin))
-  reply[#reply + 1] = fmt(b.tokens)
-  reply[#reply + 1] = fmt(b.ts)
-  reply[#reply + 1] = fmt(b.burst)
+  reply[#reply + 1] = tokens
+  reply[#reply + 1] = ts
+  reply[#reply + 1] = burst
 end
 return reply

@@ -49,6 +49,7 @@ from services.admission.bucket import (
     make_decision,
     redis_clock,
 )
+from services.common.topics import RedisKeys
 
 __all__ = [
     "REDIS_DOWN_OUTCOME",
@@ -94,7 +95,7 @@ def quota_key(prefix: str, tenant: str, dimension: Dimension) -> str:
         raise ValueError("the key prefix must not contain braces (it would be the hash tag)")
     if not tenant or "{" in tenant or "}" in tenant:
         raise ValueError("a tenant id must be non-empty and free of braces")
-    return f"{prefix}quota:{{{tenant}}}:{dimension}"
+    return RedisKeys(prefix).quota(tenant, dimension)
 
 
 @dataclass(frozen=True, slots=True)
