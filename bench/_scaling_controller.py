@@ -15,9 +15,10 @@ has a topic prefix of its own (fresh topics, a fresh consumer group) and runs:
   ``seawall up`` runs it, default tick of 1 s, unscaled policy windows), each started
   fresh: what is measured is a controller meeting a running fleet.
 
-Partitions. The controller's ``route`` agent reads ``llm.telemetry`` (keyed by worker id)
-and forwards each record to its internal topic ``<app id>-telemetry-by-pool`` keyed by
-*pool*; its ``decide`` agent owns whole pools. A second controller process can only take
+Partitions. The controller's ``route`` agent reads ``llm.telemetry``, keyed by *pool* as
+the workers key it, and decides each record on its pool's partition itself (anything
+else would go through its internal topic ``<app id>-telemetry-by-pool`` to the
+``decide`` agent); an instance owns whole pools. A second controller process can only take
 over partitions, so the fleet has ``POOLS`` (6) pools, named so that they land on distinct
 partitions of the internal topic, and every topic has ``PARTITIONS`` (6) partitions
 (``SEAWALL_TOPIC_PARTITIONS``; the default 3 would split 2:1). Two controllers can then
@@ -40,14 +41,15 @@ Measured per phase, for ``--duration`` s of load starting once every reader is i
   the longest evaluation of every pool (``seawall_controller_tick_seconds``); the CPU
   time of the reader processes and the share of the machine's cores busy.
 - *reaction*: at 30, 45, 60 and 75 % of the load this process sends one ``GpuStats`` at
-  95 °C for a worker of another pool each time (keyed by that worker: it queues behind
-  that partition's backlog). The degradation ladder's hot rung trips on the window's
-  maximum above 85 °C with no hold, so that pool's ``DegradationLevel`` 3 follows at the
-  next tick. ``t0``: the broker acked the trigger; ``t1``: this process read the event on
-  the control topic (a groupless consumer, ``fetch_max_wait_ms`` 20). A trigger not
-  answered by the end of the load + ``GRACE_S`` is *missed*, its wait kept as a lower
-  bound. (Telemetry older than 30 s when the controller reads it is skipped as stale: a
-  trigger behind a longer backlog is never answered.)
+  95 °C for a worker of another pool each time (keyed by its pool, as workers key
+  theirs: it queues behind that partition's backlog). The degradation ladder's hot rung
+  trips on the window's maximum above 85 °C with no hold, so that pool's
+  ``DegradationLevel`` 3 follows at the next tick. ``t0``: the broker acked the trigger;
+  ``t1``: this process read the event on the control topic (a groupless consumer,
+  ``fetch_max_wait_ms`` 20). A trigger not answered by the end of the load + ``GRACE_S``
+  is *missed*, its wait kept as a lower bound. (Telemetry older than 30 s when the
+  controller reads it is skipped as stale: a trigger behind a longer backlog is never
+  answered.)
 - *baseline*: the bare-consumer phase at the same scale. Its send rate is the reference
   for the rates at that scale (on 2 cores the generator competes for CPU); four control
   events produced straight to the control topic during it give the broker's round trip to
@@ -592,7 +594,7 @@ class Bench:
                 lambda e: isinstance(e, DegradationLevel) and e.level == 3,
             )
             hot = gpu_stats(worker, pool, time.time(), HOT_TEMP_C)
-            await producer.send_and_wait(load.topic, encode(hot), key=worker.encode())
+            await producer.send_and_wait(load.topic, encode(hot), key=pool.encode())
             t0 = time.time()
             timeout = t_go + load.duration_s + GRACE_S - t0
             try:

@@ -5,7 +5,7 @@ Each worker sends what ``services/workers/service.py`` sends every
 ``telemetry_interval_s`` (1 s, the workers' default) — ``EngineStats``, one ``GpuStats``
 (one GPU), ``WorkerHeartbeat`` — plus one ``RequestCompleted`` per finished request,
 ``requests_per_worker_s`` per second. Workers are spread evenly over the interval and
-keyed by worker id, like real ones. The records are the workers' own models, encoded once
+keyed by pool, like real ones. The records are the workers' own models, encoded once
 per worker with ``serde.encode`` and re-stamped per send (``at`` and the request id
 replaced in the bytes), sent in per-partition batches from one producer: the generator
 shares 2 cores with the broker and the controllers, so it spends as little as it can, and
@@ -78,7 +78,7 @@ class SyntheticWorker:
     def __init__(self, index: int, pools: Sequence[str], partitions: int) -> None:
         self.id = worker_id(index)
         pool = pool_of(index, pools)
-        self.key = self.id.encode()
+        self.key = pool.encode()
         self.partition = partition_of(self.key, partitions)
         at = SENTINEL_AT
         self._stats = [
@@ -117,7 +117,7 @@ class SyntheticWorker:
         self._debt -= n
         for _ in range(n):
             self._served += 1
-            request_id = b"%s-%d" % (self.key, self._served)
+            request_id = b"%s-%d" % (self.id.encode(), self._served)
             yield self._completed.replace(SENTINEL_AT_JSON, stamp).replace(
                 SENTINEL_ID.encode(), request_id
             )

@@ -1,4 +1,5 @@
-"""What workers report on ``llm.telemetry``, keyed by worker id."""
+"""What workers report on ``llm.telemetry``, keyed by pool (any key works: the
+controller re-keys what is not on its pool's partition)."""
 
 from __future__ import annotations
 

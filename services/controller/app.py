@@ -1,11 +1,15 @@
 """The controller's shell: a faust-streaming app run inside our own process.
 
-Flow: the ``route`` agent reads ``llm.telemetry`` (keyed by worker id), dead-letters
-what cannot be decoded and forwards the rest to the app's internal topic
-``<app id>-telemetry-by-pool``, keyed by pool, so that a pool and all its workers land
-on one partition: one controller instance sees all of a pool's workers and decides for
-the pool and for them (scale-out is faust's: more instances share the partitions). The
-``decide`` agent feeds each record to that pool's ``PoolEngine``; a timer task
+Flow: the ``route`` agent reads ``llm.telemetry``, dead-letters what cannot be decoded
+and makes sure each record is decided by the instance that owns its pool: one controller
+instance sees all of a pool's workers and decides for the pool and for them (scale-out
+is faust's: more instances share the partitions). seawall's workers key their telemetry
+by pool, so a record normally sits on its pool's partition already; faust assigns the
+same partition of every topic with as many partitions to the same instance
+(co-partitioning), so ``route`` decides such a record itself. Any other record (another
+producer's key, or a telemetry topic with another partition count) is forwarded to the
+app's internal topic ``<app id>-telemetry-by-pool``, keyed by pool, where the ``decide``
+agent reads it. Deciding feeds the record to that pool's ``PoolEngine``; a timer task
 evaluates every owned pool each ``controller_tick_s`` (holds advance and heartbeat loss
 shows without telemetry) and re-publishes the decisions in force. Control events go to
 ``llm.control`` keyed by ``<kind>/<scope>``.
@@ -46,7 +50,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from faust.types import StreamT
 from pydantic import ValidationError
 
-from schemas import ControlEvent
+from schemas import ControlEvent, TelemetryEvent
 from services.common.bus import ensure_topics, make_producer, send_dead_letter, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.lifecycle import Component, cancel_tasks
@@ -163,6 +167,8 @@ class Controller(Component):
         self._worker = _InProcessWorker(self.app)
         self._ticker: asyncio.Task[Any] | None = None
         self._outbox = Outbox(flush=lambda: self.app.producer.flush(), send=self._send)
+        self._direct = False
+        """Whether ``route`` may decide records on their pool's partition itself."""
         self._publisher: asyncio.Task[Any] | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -171,6 +177,18 @@ class Controller(Component):
             self.settings.kafka_bootstrap, self.topics.specs(), self.settings.topic_replication
         )
         await self._producer.start()
+        # Co-partitioned with the internal topic only with as many partitions.
+        telemetry_partitions = await self._producer.partitions_for(self.topics.telemetry)
+        self._direct = len(telemetry_partitions) == self.settings.topic_partitions
+        if not self._direct:
+            log.warning(
+                "the telemetry topic's partitions differ from the controller's: every "
+                "record takes the internal topic",
+                extra={
+                    "telemetry_partitions": len(telemetry_partitions),
+                    "topic_partitions": self.settings.topic_partitions,
+                },
+            )
         try:
             await self._worker.start()
         finally:
@@ -227,7 +245,10 @@ class Controller(Component):
                     clock=self.clock,
                 )
                 continue
-            await self._by_pool.send(key=telemetry.pool.encode(), value=event.value)
+            if self._direct and message.partition == self._partition(telemetry.pool):
+                await self._observe(telemetry)  # already on its pool's partition
+            else:
+                await self._by_pool.send(key=telemetry.pool.encode(), value=event.value)
 
     async def _decide(self, stream: StreamT[bytes]) -> None:
         async for event in stream.events():
@@ -238,12 +259,15 @@ class Controller(Component):
                     "skipped an invalid record of the internal topic", extra={"reason": e.reason}
                 )
                 continue
-            async with self._lock:
-                now = self.clock.time()
-                engine = self._engine(telemetry.pool, now)
-                output = engine.observe(telemetry, now)
-                await self._publish(engine, output)
-            m.count_output(telemetry.type, output)
+            await self._observe(telemetry)
+
+    async def _observe(self, telemetry: TelemetryEvent) -> None:
+        async with self._lock:
+            now = self.clock.time()
+            engine = self._engine(telemetry.pool, now)
+            output = engine.observe(telemetry, now)
+            await self._publish(engine, output)
+        m.count_output(telemetry.type, output)
 
     # -- timer -----------------------------------------------------------------
     async def _tick_loop(self) -> None:

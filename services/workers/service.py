@@ -516,8 +516,10 @@ class Worker(Component):
 
     # -- telemetry -------------------------------------------------------------
     async def _publish(self, message: Message) -> None:
+        # Keyed by pool: the partition of the controller instance that decides for the
+        # pool (and still one partition per worker: its records stay in order).
         await self._producer.send(
-            self.topics.telemetry, encode(message), key=self.worker_id.encode()
+            self.topics.telemetry, encode(message), key=self.settings.pool.encode()
         )
 
     async def _telemetry_loop(self) -> None:
