@@ -26,6 +26,7 @@ from schemas import (
     WorkerHeartbeat,
 )
 from schemas.base import Message
+from services.admission.capacity import WorkerStatus
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_consumer, make_producer
 from services.common.control import ControlState
@@ -110,6 +111,28 @@ def engine_stats(worker_id: str, pool: str, batch_limit: int, in_flight: int = 0
     )
 
 
+def heartbeat(
+    worker_id: str,
+    pool: str = "main",
+    batch_limit: int = 8,
+    status: WorkerStatus = "serving",
+    in_flight: int = 0,
+) -> WorkerHeartbeat:
+    now = time.time()
+    return WorkerHeartbeat(
+        worker_id=worker_id,
+        pool=pool,
+        engine="fake",
+        status=status,
+        in_flight=in_flight,
+        batch_limit=batch_limit,
+        host_cpu_pct=1.0,
+        host_memory_pct=1.0,
+        started_at=now,
+        at=now,
+    )
+
+
 @contextlib.asynccontextmanager
 async def capacity_feed(
     settings: CommonSettings,
@@ -131,20 +154,8 @@ async def capacity_feed(
                     encode(engine_stats(worker, pool, limit)),
                     key=worker.encode(),
                 )
-                heartbeat = WorkerHeartbeat(
-                    worker_id=worker,
-                    pool=pool,
-                    engine="fake",
-                    status="serving",
-                    in_flight=0,
-                    batch_limit=limit,
-                    host_cpu_pct=1.0,
-                    host_memory_pct=1.0,
-                    started_at=time.time(),
-                    at=time.time(),
-                )
                 await producer.send_and_wait(
-                    topics.telemetry, encode(heartbeat), key=worker.encode()
+                    topics.telemetry, encode(heartbeat(worker, pool, limit)), key=worker.encode()
                 )
             await asyncio.sleep(every_s)
 

@@ -9,13 +9,12 @@ import time
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from schemas import WorkerHeartbeat
 from services.common.bus import make_producer
 from services.common.serde import TELEMETRY, decode, encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
 from services.controller.settings import ControllerSettings
-from tests.admission_helpers import TopicReader
+from tests.admission_helpers import TopicReader, heartbeat
 from tests.integration.controller.test_controller import CONTROLLER, control_log, controller
 
 
@@ -23,22 +22,6 @@ def partition_of(key: str, partitions: int) -> int:
     every = list(range(partitions))
     partition: int = DefaultPartitioner()(key.encode(), every, every)
     return partition
-
-
-def heartbeat(worker: str, pool: str) -> WorkerHeartbeat:
-    now = time.time()
-    return WorkerHeartbeat(
-        worker_id=worker,
-        pool=pool,
-        engine="sim",
-        status="serving",
-        in_flight=0,
-        batch_limit=8,
-        host_cpu_pct=1.0,
-        host_memory_pct=1.0,
-        started_at=now,
-        at=now,
-    )
 
 
 async def test_records_on_their_pools_partition_skip_the_internal_topic(
@@ -61,7 +44,7 @@ async def test_records_on_their_pools_partition_skip_the_internal_topic(
             while any(control.latest(f"breaker/worker:{w}") is None for w in keys):
                 assert time.monotonic() < deadline, "no decision for a worker"
                 for worker, key in keys.items():
-                    record = encode(heartbeat(worker, "main"))
+                    record = encode(heartbeat(worker))
                     await producer.send_and_wait(topics.telemetry, record, key=key.encode())
                 await asyncio.sleep(0.5)
     finally:

@@ -8,15 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import (
-    EngineLimitsInfo,
-    EngineStats,
-    Priority,
-    RequestCompleted,
-    Tier,
-    WorkerHeartbeat,
-)
-from services.admission.capacity import CapacityConfig, FleetCapacity, PoolView, WorkerStatus
+from schemas import Priority, RequestCompleted, Tier
+from services.admission.capacity import CapacityConfig, FleetCapacity, PoolView
+from tests.admission_helpers import engine_stats, heartbeat
 
 pytestmark = pytest.mark.unit
 
@@ -261,40 +255,6 @@ def test_one_instance_never_queues_more_than_the_slack_in_kafka(
             cap.report("w", "main", batch_limit=limit, in_flight=len(running), now=now)
 
 
-def engine_stats(worker: str, in_flight: int) -> EngineStats:
-    limits = EngineLimitsInfo(
-        max_num_seqs=64, max_num_batched_tokens=8192, block_size=16, kv_capacity_tokens=0
-    )
-    return EngineStats(
-        worker_id=worker,
-        pool="main",
-        engine="sim",
-        running=in_flight,
-        waiting=0,
-        preempted_total=0,
-        kv_cache_usage=0.0,
-        in_flight=in_flight,
-        batch_limit=8,
-        limits=limits,
-        at=1.0,
-    )
-
-
-def heartbeat(worker: str, status: WorkerStatus) -> WorkerHeartbeat:
-    return WorkerHeartbeat(
-        worker_id=worker,
-        pool="main",
-        engine="sim",
-        status=status,
-        in_flight=0,
-        batch_limit=8,
-        host_cpu_pct=1.0,
-        host_memory_pct=1.0,
-        started_at=1.0,
-        at=1.0,
-    )
-
-
 def completed(worker: str, request_id: str) -> RequestCompleted:
     return RequestCompleted(
         worker_id=worker,
@@ -313,7 +273,7 @@ def completed(worker: str, request_id: str) -> RequestCompleted:
 
 def test_observe_reads_each_kind_of_telemetry() -> None:
     cap = fleet()
-    cap.observe(engine_stats("w1", in_flight=2), now=0.0)
+    cap.observe(engine_stats("w1", "main", batch_limit=8, in_flight=2), now=0.0)
     cap.observe(heartbeat("w2", status="starting"), now=0.0)
     assert cap.view("main", now=0.0) == PoolView(workers=2, slots=16, in_pool=2, free=14)
     cap.observe(heartbeat("w2", status="draining"), now=0.5)
