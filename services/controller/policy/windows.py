@@ -42,6 +42,10 @@ class _Window(Generic[B]):
         self.step_s = step_s
         self._new_bucket = new_bucket
         self._buckets: dict[int, B] = {}
+        self._closed: dict[tuple[int, int], B] = {}
+        """(oldest, newest) → the merge of buckets ``oldest`` to ``newest - 1``: closed
+        buckets no longer change, so a query repeated within one step merges two
+        buckets, not the whole window (the controller asks every scope every tick)."""
 
     def _index(self, now: float) -> int:
         return math.floor(now / self.step_s)
@@ -54,6 +58,8 @@ class _Window(Generic[B]):
     def _bucket_at(self, now: float) -> B:
         self._expire(now)
         index = self._index(now)
+        if any(index < newest for _, newest in self._closed):
+            self._closed.clear()  # a sample for a bucket a cached merge holds
         if index not in self._buckets:
             self._buckets[index] = self._new_bucket()
         return self._buckets[index]
@@ -66,16 +72,27 @@ class _Window(Generic[B]):
         self._expire(now)
         newest = self._index(now)
         oldest = self._index(now - window_s)
+        closed = self._closed.get((oldest, newest))
+        if closed is None:
+            closed = self._new_bucket()
+            for index, bucket in self._buckets.items():
+                if oldest <= index < newest:
+                    closed.merge(bucket)
+            for key in [k for k in self._closed if k[1] != newest]:
+                del self._closed[key]
+            self._closed[(oldest, newest)] = closed
         total = self._new_bucket()
-        for index, bucket in self._buckets.items():
-            if oldest <= index <= newest:
-                total.merge(bucket)
+        total.merge(closed)
+        current = self._buckets.get(newest)
+        if current is not None:
+            total.merge(current)
         return total, window_s
 
     def merge(self, other: Self) -> None:
         """Add ``other``'s samples to this window (``other`` is left unchanged)."""
         if (other.size_s, other.step_s) != (self.size_s, self.step_s):
             raise ValueError("windows merge only with the same size_s and step_s")
+        self._closed.clear()
         for index, bucket in other._buckets.items():
             if index not in self._buckets:
                 self._buckets[index] = self._new_bucket()

@@ -186,3 +186,53 @@ def test_non_finite_inputs_are_rejected() -> None:
         RequestWindow().record(0.0, -1.0, ok=True)
     with pytest.raises(ValueError, match="finite"):
         GaugeWindow().record(0.0, math.nan)
+
+
+ops = st.lists(
+    st.one_of(
+        # a sample up to 30 s late against the latest query (it lands in a bucket a
+        # cached merge may hold)
+        st.tuples(st.just("record"), st.floats(-30.0, 0.0), st.floats(1.0, 5000.0), st.booleans()),
+        # queries move forward only, as the controller's clock does
+        st.tuples(st.just("query"), st.floats(0.0, 20.0), st.sampled_from([10.0, 30.0, 60.0])),
+        st.tuples(st.just("merge"), st.floats(-30.0, 0.0), st.floats(1.0, 5000.0)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200)
+@given(ops)
+def test_repeated_queries_answer_as_a_fresh_fold_of_the_same_samples(
+    steps: list[tuple[object, ...]],
+) -> None:
+    """Folds reuse the merge of closed buckets; whatever the order of samples (late ones
+    included), merges and queries, a query answers as a window that never cached."""
+    window = RequestWindow(size_s=60.0, step_s=5.0)
+    history: list[tuple[float, float, bool]] = []
+    clock = 100.0
+    for step in steps:
+        kind, offset = step[0], float(step[1])  # type: ignore[arg-type]
+        if kind == "record":
+            sample = (clock + offset, float(step[2]), bool(step[3]))  # type: ignore[arg-type]
+            window.record(*sample)
+            history.append(sample)
+        elif kind == "merge":
+            sample = (clock + offset, float(step[2]), True)  # type: ignore[arg-type]
+            other = RequestWindow(size_s=60.0, step_s=5.0)
+            other.record(*sample)
+            window.merge(other)
+            history.append(sample)
+        else:
+            clock += offset
+            span = float(step[2])  # type: ignore[arg-type]
+            fresh = RequestWindow(size_s=60.0, step_s=5.0)
+            for sample in history:
+                fresh.record(*sample)
+            got, want = window.stats(clock, span), fresh.stats(clock, span)
+            assert (got.count, got.errors, got.p50_ms, got.p99_ms) == (
+                want.count,
+                want.errors,
+                want.p50_ms,
+                want.p99_ms,
+            )
