@@ -169,6 +169,7 @@ class Controller(Component):
         self._outbox = Outbox(flush=lambda: self.app.producer.flush(), send=self._send)
         self._direct = False
         """Whether ``route`` may decide records on their pool's partition itself."""
+        self._pool_partitions: dict[str, int] = {}
         self._publisher: asyncio.Task[Any] | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -295,9 +296,13 @@ class Controller(Component):
     # -- pools -----------------------------------------------------------------
     def _partition(self, pool: str) -> int:
         """The partition of a pool, as the producer's partitioner picks it for the
-        internal topic and the changelog alike."""
-        partitions = list(range(self.settings.topic_partitions))
-        return partition_by_pool(pool_key(pool), partitions, partitions)
+        internal topic and the changelog alike (remembered: ``route`` asks per record)."""
+        partition = self._pool_partitions.get(pool)
+        if partition is None:
+            partitions = list(range(self.settings.topic_partitions))
+            partition = partition_by_pool(pool_key(pool), partitions, partitions)
+            self._pool_partitions[pool] = partition
+        return partition
 
     def _adopt_owned_pools(self, now: float) -> None:
         topic = self._by_pool.get_topic_name()
