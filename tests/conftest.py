@@ -52,7 +52,14 @@ def _asyncio_stacks_before_timeout(request: pytest.FixtureRequest) -> Iterator[N
     print the stack of every pending asyncio task (found through the garbage collector:
     the loop belongs to pytest-asyncio, not to us), so the report names the await."""
     marker = request.node.get_closest_marker("timeout")
-    timeout = float(marker.args[0] if marker and marker.args else request.config.getini("timeout"))
+    if marker and marker.args:
+        timeout = float(marker.args[0])
+    else:  # --timeout on the command line, else the ini file (as pytest-timeout reads them)
+        option = request.config.getoption("timeout", None)
+        timeout = float(option if option is not None else request.config.getini("timeout"))
+    if timeout <= 0:  # no timeout: nothing to report before it
+        yield
+        return
     timer = threading.Timer(max(timeout - 20, timeout / 2), _print_pending_tasks)
     timer.daemon = True
     timer.start()
