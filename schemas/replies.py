@@ -41,6 +41,10 @@ class ReasonCode(StrEnum):
     CANCELLED = "cancelled"
     """The client went away before the request was dispatched."""
     REPLY_UNDELIVERABLE = "reply_undeliverable"
+    STREAM_INTERRUPTED = "stream_interrupted"
+    """The worker streaming the reply failed after text had reached the client, and
+    another worker started the request again: the text streamed so far is void. Sent
+    by the client side (the SDK, the HTTP front) to end the stream, never by a worker."""
 
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -56,12 +60,21 @@ class RateLimitInfo(Wire):
     retry_after_s: Seconds = 0.0
 
 
+Generation = Annotated[int, Field(ge=0, le=2**62)]
+"""Which start of a request's generation produced a reply: a worker takes a new one,
+higher than every earlier one (microseconds since the epoch, or one more than the
+last), each time it starts the request. 0: not produced by a worker (a rejection)."""
+
+
 class ReplyChunk(Message):
-    """Streamed tokens, coalesced: a handful of chunks per reply, not one per token."""
+    """Streamed tokens, coalesced: a handful of chunks per reply, not one per token.
+    ``seq`` counts within a ``generation``: a request started again (its worker died)
+    streams a new generation from ``seq`` 0, and readers drop the superseded one."""
 
     type: Literal["reply_chunk"] = "reply_chunk"
     request_id: Ident
     seq: int = Field(ge=0, le=1_000_000)
+    generation: Generation = 0
     text: LongText
     tokens: TokenCount = 0
     worker_id: Ident | None = None
@@ -75,6 +88,9 @@ class InferenceReply(Message):
     request_id: Ident
     status: ReplyStatus
     reason: ReasonCode = ReasonCode.NONE
+    code: Ident | None = None
+    """A more specific, stable code where there is one (``context_length_exceeded``,
+    ``invalid_api_key``, …): OpenAI's error ``code`` over HTTP."""
     message: ShortText = ""
     text: LongText = ""
     prompt_tokens: TokenCount = 0
@@ -84,6 +100,8 @@ class InferenceReply(Message):
     """How many chunks preceded this reply (lets a streaming client tell a gap)."""
     rate_limit: RateLimitInfo | None = None
     worker_id: Ident | None = None
+    generation: Generation = 0
+    """The generation whose text this is (see ``ReplyChunk``)."""
     completed_at: Timestamp
 
 

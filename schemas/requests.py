@@ -72,7 +72,10 @@ class InferenceRequest(Message):
     """One inference request.
 
     Exactly one of ``prompt`` (completions) and ``messages`` (chat) is set. The API key
-    itself never travels: only its non-secret id.
+    itself never travels: only its non-secret id. ``request_id`` is the producer's, and
+    must be unique for its tenant while the request can still be redelivered (its
+    deadline plus a minute, an hour without one): the stages that charge quota and run
+    the GPU recognise a redelivery by it, and answer it only once.
     """
 
     type: Literal["inference_request"] = "inference_request"

@@ -48,6 +48,9 @@ class EngineLimitsInfo(Wire):
     max_num_batched_tokens: int = Field(ge=1, le=10_000_000)
     block_size: int = Field(ge=1, le=1024)
     kv_capacity_tokens: int = Field(ge=0, le=1_000_000_000)
+    max_model_len: int = Field(default=0, ge=0, le=10_000_000)
+    """The longest sequence (prompt + output tokens) the engine runs; 0 when unknown.
+    Admission refuses what no worker of the pool could run."""
     gpu_memory_utilization: Fraction = 0.0
     """The share of GPU memory the engine reserves when it starts (vLLM preallocates it
     for weights and the KV cache); 0 when unknown. The controller's GPU-memory breaker

@@ -52,6 +52,7 @@ from schemas import (
 from seawall.retry import RetryBudget, RetryPolicy, attempt_id, retry_after_s, retryable
 from services.common.bus import make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.deadletters import DeadLetters
 from services.common.lifecycle import Component
 from services.common.replies import ReplyItem, ReplyRouter, ReplyRouterClosed
 from services.common.serde import encode
@@ -128,8 +129,11 @@ class SeawallClient(Component):
     async def on_start(self) -> None:
         self._producer = make_producer(self._settings)
         await self._producer.start()
+        dead_letters = DeadLetters(
+            self._producer, self._topics.deadletter, f"sdk:{self._owner}", self._clock
+        )
         self._router = ReplyRouter(
-            self._settings, self._owner, dead_letters=self._producer, clock=self._clock
+            self._settings, self._owner, dead_letters=dead_letters, clock=self._clock
         )
         await self._router.start()
 

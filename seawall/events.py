@@ -33,7 +33,7 @@ from schemas import (
     TrafficSplit,
 )
 from services.common.bus import make_consumer, topics_of
-from services.common.control import ControlState
+from services.common.control import ControlState, in_force
 from services.common.serde import CONTROL, DecodeError, decode
 from services.common.settings import CommonSettings
 
@@ -111,8 +111,9 @@ def evidence_text(evidence: Evidence) -> str:
 
 
 def expired(event: ControlEvent, now: float) -> bool:
-    """Past its ``valid_for_s`` without a re-publication: the controller may be gone."""
-    return event.issued_at + event.valid_for_s < now
+    """Past its ``valid_for_s`` without a re-publication: the controller may be gone,
+    and the services have dropped it (``services.common.control``)."""
+    return not in_force(event, now)
 
 
 def format_event(event: ControlEvent) -> str:
@@ -131,7 +132,7 @@ class EventView:
     def __init__(self, scope: str | None = None, kind: str | None = None) -> None:
         self.scope = scope
         self.kind = kind
-        self.state = ControlState()
+        self.state = ControlState(in_force_only=False)
         self.invalid = 0
 
     def matches(self, event: ControlEvent) -> bool:

@@ -90,7 +90,9 @@ async def send_all(
         await producer.stop()
 
 
-def engine_stats(worker_id: str, pool: str, batch_limit: int, in_flight: int = 0) -> EngineStats:
+def engine_stats(
+    worker_id: str, pool: str, batch_limit: int, in_flight: int = 0, max_model_len: int = 0
+) -> EngineStats:
     return EngineStats(
         worker_id=worker_id,
         pool=pool,
@@ -106,6 +108,7 @@ def engine_stats(worker_id: str, pool: str, batch_limit: int, in_flight: int = 0
             max_num_batched_tokens=8192,
             block_size=16,
             kv_capacity_tokens=1_000_000,
+            max_model_len=max_model_len,
         ),
         at=time.time(),
     )

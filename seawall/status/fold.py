@@ -223,7 +223,7 @@ class StatusFold:
 
     def __init__(self, stale_after_s: float = STALE_AFTER_S) -> None:
         self.stale_after_s = stale_after_s
-        self.control = ControlState()
+        self.control = ControlState(in_force_only=False)
         self.control_events = 0
         self.invalid = 0
         self._newest_issued: float | None = None

@@ -1,18 +1,29 @@
 -- seawall quota buckets: services/admission/bucket.py's model, run atomically in Redis.
 --
--- KEYS[i]  one hash per (tenant, dimension): fields tokens, burst, ts (all in one key)
--- ARGV[1]  'take'   all keys pay their cost, or none does (outcome admit/degrade/reject)
---          'adjust' apply a signed correction to every key (outcome 'adjusted')
+-- KEYS     one hash per bucket (fields tokens, burst, ts, all in one key); with a
+--          marker (ARGV[4] > 0) the last key is the request's idempotency marker
+-- ARGV[1]  'take'   a charge: every bucket pays its cost, or none does
+--          'adjust' apply a signed correction to every bucket (outcome 'adjusted')
 -- ARGV[2]  TTL margin in milliseconds
--- then five per key: cost (or delta), capacity, rate, burst_capacity, burst_rate
+-- ARGV[3]  take: how many of the first buckets are the region's (0: no region); the
+--          rest are the tenant's. Each group has its own outcome (admit, degrade,
+--          reject); if either rejects, nothing is spent, so a refused tenant charges
+--          no region and a refused region charges no tenant.
+-- ARGV[4]  take: the marker's TTL in milliseconds (0: no marker). A marker that
+--          exists means this request was charged before: its outcomes are returned
+--          again (replayed) and nothing is spent or written.
+-- then five per bucket: cost (or delta), capacity, rate, burst_capacity, burst_rate
 --
--- Returns {outcome, TIME seconds, TIME microseconds, then per key tokens, burst, ts},
--- numbers as %.17g strings so that Python reads back the exact doubles stored here.
--- The arithmetic mirrors bucket.py operation for operation; change both together.
+-- Returns {tenant outcome, TIME seconds, TIME microseconds, region outcome (or ''),
+-- replayed (0 or 1), then per bucket tokens, ts, burst}, numbers as %.17g strings so
+-- that Python reads back the exact doubles stored here. The arithmetic mirrors
+-- bucket.py operation for operation; change both together.
 -- Redis >= 5 replicates a script's effects, so TIME (non-deterministic) is safe here.
 
 local mode = ARGV[1]
 local margin = tonumber(ARGV[2])
+local split = tonumber(ARGV[3])
+local marker_ttl = tonumber(ARGV[4])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 
@@ -20,9 +31,16 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+local nbuckets = #KEYS
+local marker = nil
+if mode == 'take' and marker_ttl > 0 then
+  marker = KEYS[nbuckets]
+  nbuckets = nbuckets - 1
+end
+
 local buckets = {}
-for i = 1, #KEYS do
-  local a = 2 + (i - 1) * 5
+for i = 1, nbuckets do
+  local a = 4 + (i - 1) * 5
   local b = {
     cost = tonumber(ARGV[a + 1]),
     cap = tonumber(ARGV[a + 2]),
@@ -44,10 +62,20 @@ for i = 1, #KEYS do
   buckets[i] = b
 end
 
-local outcome
-if mode == 'take' then
-  outcome = 'admit'
-  for _, b in ipairs(buckets) do
+local function states(reply)
+  for i = 1, nbuckets do
+    local b = buckets[i]
+    reply[#reply + 1] = fmt(b.tokens)
+    reply[#reply + 1] = fmt(b.ts)
+    reply[#reply + 1] = fmt(b.burst)
+  end
+  return reply
+end
+
+local function fits(first, last)
+  local outcome = 'admit'
+  for i = first, last do
+    local b = buckets[i]
     if b.cost <= b.tokens then
       -- pays from the baseline
     elseif b.cost <= b.tokens + b.burst then
@@ -56,8 +84,26 @@ if mode == 'take' then
       outcome = 'reject'
     end
   end
-  if outcome ~= 'reject' then
-    for _, b in ipairs(buckets) do
+  return outcome
+end
+
+local tenant_outcome, region_outcome = 'adjusted', ''
+if mode == 'take' then
+  if marker then
+    local seen = redis.call('GET', marker)
+    if seen then
+      local comma = string.find(seen, ',', 1, true)
+      return states({string.sub(seen, 1, comma - 1), clock[1], clock[2],
+                     string.sub(seen, comma + 1), 1})
+    end
+  end
+  if split > 0 then
+    region_outcome = fits(1, split)
+  end
+  tenant_outcome = fits(split + 1, nbuckets)
+  if tenant_outcome ~= 'reject' and region_outcome ~= 'reject' then
+    for i = 1, nbuckets do
+      local b = buckets[i]
       if b.cost <= b.tokens then
         b.tokens = b.tokens - b.cost
       else
@@ -66,9 +112,13 @@ if mode == 'take' then
       end
     end
   end
+  if marker then
+    redis.call('SET', marker, tenant_outcome .. ',' .. region_outcome,
+               'PX', string.format('%d', marker_ttl))
+  end
 elseif mode == 'adjust' then
-  outcome = 'adjusted'
-  for _, b in ipairs(buckets) do
+  for i = 1, nbuckets do
+    local b = buckets[i]
     local delta = b.cost
     if delta <= 0 then
       local credit = -delta
@@ -90,17 +140,13 @@ else
   return redis.error_reply('unknown mode')
 end
 
-local reply = {outcome, clock[1], clock[2]}
-for i, b in ipairs(buckets) do
-  local tokens, ts, burst = fmt(b.tokens), fmt(b.ts), fmt(b.burst)
-  redis.call('HSET', KEYS[i], 'tokens', tokens, 'ts', ts, 'burst', burst)
+for i = 1, nbuckets do
+  local b = buckets[i]
+  redis.call('HSET', KEYS[i], 'tokens', fmt(b.tokens), 'ts', fmt(b.ts), 'burst', fmt(b.burst))
   local full_after = (b.cap - b.tokens) / b.rate
   if b.bcap > 0 then
     full_after = math.max(full_after, (b.bcap - b.burst) / b.brate)
   end
   redis.call('PEXPIRE', KEYS[i], string.format('%d', math.ceil(full_after * 1000) + margin))
-  reply[#reply + 1] = tokens
-  reply[#reply + 1] = ts
-  reply[#reply + 1] = burst
 end
-return reply
+return states({tenant_outcome, clock[1], clock[2], region_outcome, 0})

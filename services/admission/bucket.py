@@ -277,34 +277,53 @@ def assess(state: BucketState, cost: float, limit: Limit, allowed: bool) -> Take
     )
 
 
+Group = tuple[Sequence[BucketState | None], Sequence[float], Sequence[Limit]]
+"""Buckets decided as one: their states, costs and limits (parallel)."""
+
+
+def charge(groups: Sequence[Group], now: float) -> list[tuple[Outcome, tuple[Take, ...]]]:
+    """Decide groups of buckets as one charge (a region's and a tenant's): each group
+    gets its own outcome — ``degrade`` when any of its buckets had to draw on its burst
+    level — and if any group rejects, nothing is spent in any group.
+
+    The returned states are to be stored whatever the outcome (a rejection stores the
+    refilled state), exactly as the Lua script does.
+    """
+    refilled: list[list[BucketState]] = []
+    outcomes: list[Outcome] = []
+    for states, costs, limits in groups:
+        if not len(states) == len(costs) == len(limits):
+            raise ValueError("states, costs and limits must be parallel")
+        for c in costs:
+            check_cost(c)
+        group = [refill(s, now, lim) for s, lim in zip(states, limits, strict=True)]
+        fits = [_fits(s, c) for s, c in zip(group, costs, strict=True)]
+        outcome: Outcome = (
+            "reject" if "reject" in fits else "degrade" if "degrade" in fits else "admit"
+        )
+        refilled.append(group)
+        outcomes.append(outcome)
+    spend = "reject" not in outcomes
+    results = []
+    for (_, costs, limits), group, outcome in zip(groups, refilled, outcomes, strict=True):
+        after = [_spend(s, c) for s, c in zip(group, costs, strict=True)] if spend else group
+        allowed = outcome != "reject"
+        takes = tuple(
+            assess(s, c, lim, allowed) for s, c, lim in zip(after, costs, limits, strict=True)
+        )
+        results.append((outcome, takes))
+    return results
+
+
 def take_together(
     states: Sequence[BucketState | None],
     costs: Sequence[float],
     now: float,
     limits: Sequence[Limit],
 ) -> tuple[Outcome, tuple[Take, ...]]:
-    """Decide several buckets as one: all pay, or none does.
-
-    The outcome is ``degrade`` when any bucket had to draw on its burst level. The
-    returned states are to be stored whatever the outcome (a rejection stores the
-    refilled state), exactly as the Lua script does.
-    """
-    if not len(states) == len(costs) == len(limits):
-        raise ValueError("states, costs and limits must be parallel")
-    for c in costs:
-        check_cost(c)
-    refilled = [refill(s, now, lim) for s, lim in zip(states, limits, strict=True)]
-    fits = [_fits(s, c) for s, c in zip(refilled, costs, strict=True)]
-    if "reject" in fits:
-        outcome: Outcome = "reject"
-        after = refilled
-    else:
-        outcome = "degrade" if "degrade" in fits else "admit"
-        after = [_spend(s, c) for s, c in zip(refilled, costs, strict=True)]
-    allowed = outcome != "reject"
-    return outcome, tuple(
-        assess(s, c, lim, allowed) for s, c, lim in zip(after, costs, limits, strict=True)
-    )
+    """Decide several buckets as one: all pay, or none does (``charge`` of one group)."""
+    ((outcome, takes),) = charge([(states, costs, limits)], now)
+    return outcome, takes
 
 
 def take(state: BucketState | None, cost: float, now: float, limit: Limit) -> tuple[Outcome, Take]:

@@ -28,6 +28,10 @@ The ledger is exact for one admission instance, including records still waiting 
 Kafka, which the telemetry cannot see; the telemetry covers the other instances'
 dispatches (up to one report interval late). A pool with no live worker has no
 capacity: its work waits (and expires at its deadline).
+
+``max_model_len`` is the longest sequence every live worker of a pool can run (the
+smallest their ``EngineStats`` report): what admission checks a request's prompt plus
+``max_tokens`` against before it costs any quota.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ class _Worker:
     """When anything of it was last read (liveness)."""
     status: WorkerStatus = "serving"
     completed_since_report: int = 0
+    max_model_len: int = 0
+    """From its ``EngineStats``; 0 until one says."""
 
 
 @dataclass(slots=True)
@@ -95,6 +101,8 @@ class FleetCapacity:
         self._workers: dict[str, _Worker] = {}
         self._shares: dict[str, float] = {}
         self._pools: dict[str, _Pool] = {}
+        self._model_lens: dict[str, int] = {}
+        """Worker id → the ``max_model_len`` its engine reported."""
 
     # -- inputs ------------------------------------------------------------------
     def report(
@@ -121,6 +129,8 @@ class FleetCapacity:
         """A telemetry record, whatever its kind (those that say nothing of capacity are
         ignored): what admission's telemetry loop feeds."""
         if isinstance(event, EngineStats | WorkerHeartbeat):
+            if isinstance(event, EngineStats) and event.limits.max_model_len:
+                self._model_lens[event.worker_id] = event.limits.max_model_len
             self.report(
                 event.worker_id,
                 event.pool,
@@ -183,6 +193,18 @@ class FleetCapacity:
     def free(self, pool: str, now: float, factor: float = 1.0) -> int:
         return self.view(pool, now, factor).free
 
+    def model_lens(self, now: float) -> dict[str, int]:
+        """Per pool, the ``max_model_len`` every live worker can run (pools whose
+        workers have not reported one are left out)."""
+        lens: dict[str, int] = {}
+        for pool in {w.pool for w in self._workers.values()}:
+            known = [
+                self._model_lens[wid] for wid, _ in self._live(pool, now) if wid in self._model_lens
+            ]
+            if known:
+                lens[pool] = min(known)
+        return lens
+
     # -- internals -------------------------------------------------------------------
     def _pool(self, pool: str) -> _Pool:
         return self._pools.setdefault(pool, _Pool())
@@ -195,6 +217,7 @@ class FleetCapacity:
         ]
         for wid in silent:  # forgotten; a report brings a worker back
             del self._workers[wid]
+            self._model_lens.pop(wid, None)
         return [
             (wid, w)
             for wid, w in self._workers.items()

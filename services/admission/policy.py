@@ -3,11 +3,14 @@
 A request meets the policy three times:
 
 1. ``screen`` when it is read: the checks that cost no quota. Past its deadline →
-   ``expired``; an unknown pool → rejected; its destination pool's breaker refusing
-   new work, its region blocked, or its tenant blocked by a quota override → rejected
-   at once. Otherwise it yields the quota charges to make: the tenant's bucket (tier
-   config, quota override applied; tokens reserved as prompt + ``max_tokens``) and, for
-   a throttled region, the region's bucket.
+   ``expired``; an unknown pool → rejected; longer than the pool's workers can run
+   (prompt + ``max_tokens`` above their ``max_model_len``, as their telemetry reports
+   it) → rejected ``invalid_request`` / ``context_length_exceeded``; its destination
+   pool's breaker refusing new work, its region blocked, or its tenant blocked by a
+   quota override → rejected at once. Otherwise it yields the quota charges to make:
+   the tenant's bucket (tier config, quota override applied; tokens reserved as prompt
+   + ``max_tokens``) and, for a throttled region, the region's bucket (charged in the
+   same atomic step: a refused tenant charges no region, and the reverse).
 2. ``judge`` with the quota decisions: over quota → rejected with the rate-limit figures;
    otherwise accepted into its class's backlog. A pro request paid from its burst level
    is *quota-degraded*: admitted, but it waits, and is routed, as the class below its
@@ -35,7 +38,8 @@ requests through per event (per admission instance), so that the controller sees
 probes it needs to close the circuit.
 
 Degradation ladder (the requested pool's level; cumulative, as the controller issues
-it): 1 — non-VIP classes are diverted to the small pool (``diverted_from``); 2 — also,
+it): 1 — non-VIP classes are diverted to the small pool (``diverted_from``), unless
+the request is longer than the small pool's workers can run; 2 — also,
 long requests (``max_tokens`` above the cap; shorter ones are untouched) are capped
 (``max_tokens_cap``); 3 — everyone gets the static reply (``static_reply``; no GPU time,
 no diversion). ``Degradation.level`` is the highest rung applied to the request.
@@ -47,8 +51,9 @@ blocks the region; over it → rejected (``region_throttled``). Quota override
 ``tokens_per_s`` replace the baseline rates, ``burst`` the depth of the requests
 bucket; a 0 blocks the tenant.
 
-Control events are trusted until replaced: if the controller falls silent the last
-known state stays in force (its age is a metric, ``seawall_control_state_age_seconds``).
+Control events are trusted until replaced or until their ``valid_for_s`` runs out
+(``services.common.control``): a controller that falls silent leaves its decisions in
+force for at most that long, then every pool is back to the defaults above.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TypeVar
 from urllib.parse import quote
 
@@ -95,6 +101,8 @@ _RUNG_REASONS: Mapping[int, ReasonCode] = {
     3: ReasonCode.DEGRADED_STATIC,
 }
 _WIRE_MAX_SECONDS = 86_400
+NO_LIMITS: Mapping[str, int] = MappingProxyType({})
+"""No pool's ``max_model_len`` known: nothing is refused for its length."""
 _REGION_TOKENS = Limit(1.0, 1.0)
 """The region bucket's (unused) tokens dimension: region throttles count requests."""
 
@@ -181,8 +189,9 @@ def prompt_tokens(request: InferenceRequest) -> int:
 
 
 def region_bucket(region: str) -> str:
-    """The quota-store name of a region's bucket (quoted: no braces, no collisions)."""
-    return f"region:{quote(region, safe='')}"
+    """The quota-store name of a region's bucket (quoted: no braces, no collisions;
+    region buckets have their own key namespace, ``RedisKeys.region_quota``)."""
+    return quote(region, safe="")
 
 
 def retry_only(seconds: float) -> RateLimitInfo:
@@ -198,17 +207,38 @@ def terminal(
     message: str,
     now: float,
     rate_limit: RateLimitInfo | None = None,
+    code: str | None = None,
 ) -> Reply:
     return Reply(
         InferenceReply(
             request_id=request.request_id,
             status=status,
             reason=reason,
+            code=code,
             message=message,
             rate_limit=rate_limit,
             completed_at=now,
         )
     )
+
+
+def failed(request: InferenceRequest, code: str, message: str, now: float) -> Reply:
+    """The reply to a request whose processing failed on its own account (it cannot be
+    dispatched: too large to forward, say); ``code`` and ``message`` never echo it."""
+    return terminal(
+        request, ReplyStatus.ERROR, ReasonCode.INVALID_REQUEST, message, now, None, code
+    )
+
+
+def sequence_tokens(request: InferenceRequest) -> int:
+    """The longest sequence the request may need: its prompt plus ``max_tokens``."""
+    return prompt_tokens(request) + request.sampling.max_tokens
+
+
+def fits(request: InferenceRequest, pool: str, model_lens: Mapping[str, int]) -> bool:
+    """Whether the pool's workers can run the request (yes when their limit is unknown)."""
+    limit = model_lens.get(pool)
+    return limit is None or sequence_tokens(request) <= limit
 
 
 def _scoped(control: ControlState, kind: type[E], pool: str) -> E | None:
@@ -273,7 +303,12 @@ class AdmissionPolicy:
         return target if target in self.config.pools else pool
 
     def route(
-        self, pool: str, cls: Priority, request: InferenceRequest, control: ControlState
+        self,
+        pool: str,
+        cls: Priority,
+        request: InferenceRequest,
+        control: ControlState,
+        model_lens: Mapping[str, int] = NO_LIMITS,
     ) -> tuple[str, int, Degradation]:
         """Destination pool, rung applied and degradation for a request of ``pool``."""
         event = _scoped(control, DegradationLevel, pool)
@@ -282,6 +317,8 @@ class AdmissionPolicy:
         if event.level >= 3:
             return pool, 3, Degradation(level=3, static_reply=True)
         dest = self.destination(pool, cls, control)
+        if not fits(request, dest, model_lens):
+            dest = pool  # the small pool cannot run it: it stays where it was asked
         rung = 1 if dest != pool else 0
         cap: int | None = None
         limit = event.max_tokens_cap or self.config.max_tokens_cap
@@ -319,8 +356,14 @@ class AdmissionPolicy:
 
     # -- 1. on reading ---------------------------------------------------------------
     def screen(
-        self, request: InferenceRequest, cls: Priority, control: ControlState, now: float
+        self,
+        request: InferenceRequest,
+        cls: Priority,
+        control: ControlState,
+        now: float,
+        model_lens: Mapping[str, int] = NO_LIMITS,
     ) -> Reply | Screened:
+        """``model_lens``: each pool's ``max_model_len``, where its workers reported it."""
         early = self._terminal(request, now, cancelled=False)
         if early is not None:
             return early
@@ -332,6 +375,17 @@ class AdmissionPolicy:
                 ReasonCode.INVALID_REQUEST,
                 f"no such pool {pool!r}",
                 now,
+                code="model_not_found",
+            )
+        if not fits(request, pool, model_lens):
+            return terminal(
+                request,
+                ReplyStatus.REJECTED,
+                ReasonCode.INVALID_REQUEST,
+                f"This model's maximum context length is {model_lens[pool]} tokens; the "
+                f"request needs {sequence_tokens(request)} (prompt plus max_tokens).",
+                now,
+                code="context_length_exceeded",
             )
         dest = self.destination(pool, cls, control)
         if self.gate(dest, control).refuse:
@@ -362,7 +416,7 @@ class AdmissionPolicy:
                 now,
                 retry_only(self.config.quota_retry_after_s),
             )
-        tokens = prompt_tokens(request) + request.sampling.max_tokens
+        tokens = sequence_tokens(request)
         return Screened(pool, QuotaRequest(request.tenant, config, 1, tokens), region)
 
     # -- 2. with the quota decisions ----------------------------------------------------
@@ -372,11 +426,12 @@ class AdmissionPolicy:
         cls: Priority,
         screened: Screened,
         now: float,
-        tenant: QuotaDecision | None,
+        tenant: QuotaDecision,
         region: QuotaDecision | None = None,
     ) -> Reply | Accepted:
-        """``tenant`` may be ``None`` only when the region refused (its tenant was then
-        not charged); ``region`` is ``None`` when there was no region bucket to charge."""
+        """``region`` is ``None`` when there was no region bucket to charge (or the
+        quota store was down). A refused region's tenant was not charged, and the
+        reverse (one atomic charge)."""
         if region is not None and not region.allowed:
             return terminal(
                 request,
@@ -386,8 +441,6 @@ class AdmissionPolicy:
                 now,
                 region.rate_limit_info() or retry_only(region.retry_after_s),
             )
-        if tenant is None:
-            raise ValueError("a tenant decision is needed unless the region refused")
         if not tenant.allowed:
             if tenant.reason == "quota_unavailable":
                 reason, message = ReasonCode.QUOTA_UNAVAILABLE, "quota store unavailable"
@@ -416,11 +469,12 @@ class AdmissionPolicy:
         control: ControlState,
         now: float,
         cancelled: bool = False,
+        model_lens: Mapping[str, int] = NO_LIMITS,
     ) -> Reply | Admit:
         early = self._terminal(request, now, cancelled)
         if early is not None:
             return early
-        dest, rung, degradation = self.route(accepted.pool, cls, request, control)
+        dest, rung, degradation = self.route(accepted.pool, cls, request, control, model_lens)
         gate = self.gate(dest, control)
         if gate.refuse:
             return self._breaker_open(request, dest, now)

@@ -1,12 +1,22 @@
 """Tenant quotas in Redis: ``bucket.lua`` (the model of ``bucket.py``) behind an async API.
 
-One EVALSHA per decision, atomic in Redis: both dimensions of a tenant (requests,
-tokens) are read, refilled on the Redis server's clock (``TIME``, microseconds), decided
-together and written back with a TTL, so any number of admission replicas share one
-bucket per tenant without races. Each (tenant, dimension) is one hash,
-``<prefix>quota:{<tenant>}:<dimension>``; the braces are a Redis Cluster hash tag, so a
-tenant's keys share a slot (the script touches several) while tenants spread over the
-cluster.
+One EVALSHA per charge, atomic in Redis: both dimensions of a tenant (requests,
+tokens) — and, for a request from a throttled region, the region's bucket — are read,
+refilled on the Redis server's clock (``TIME``, microseconds), decided together and
+written back with a TTL, so any number of admission replicas share one bucket per
+tenant without races. A refused region charges no tenant and a refused tenant charges
+no region. Each (tenant, dimension) is one hash, ``<prefix>quota:{<tenant>}:<dimension>``;
+the braces are a Redis Cluster hash tag, so a tenant's keys share a slot (the script
+touches several) while tenants spread over the cluster. Region buckets have their own
+namespace, ``<prefix>region:{<region>}:<dimension>`` (a tenant cannot share a region's
+keys by its name); a charge with a region touches two slots, which Redis Cluster refuses
+in one script — region throttles are for a single Redis, or a cluster whose region and
+tenant keys an operator co-locates.
+
+Idempotent: a charge may carry its request's marker key (``RedisKeys.admitted``, in the
+tenant's slot). The script records the outcomes there (with a TTL past the request's
+deadline); a request charged again — redelivered after a crash, or produced twice —
+gets the same outcomes back (``Charged.replayed``) and pays nothing.
 
 When Redis cannot be reached the methods raise ``QuotaUnavailable``; the caller then
 applies ``on_redis_down``, the per-tier fallback:
@@ -49,17 +59,21 @@ from services.admission.bucket import (
     make_decision,
     redis_clock,
 )
+from services.common.failures import StoreUnavailable
 from services.common.topics import RedisKeys
 
 __all__ = [
     "REDIS_DOWN_OUTCOME",
     "Adjustment",
+    "Charge",
+    "Charged",
     "QuotaDecision",
     "QuotaRequest",
     "QuotaUnavailable",
     "RedisQuota",
     "on_redis_down",
     "quota_key",
+    "region_key",
 ]
 
 SCRIPT = resources.files("services.admission").joinpath("bucket.lua").read_text(encoding="utf-8")
@@ -78,7 +92,7 @@ REDIS_DOWN_OUTCOME: Mapping[Tier, Outcome] = {
 }
 
 
-class QuotaUnavailable(RuntimeError):
+class QuotaUnavailable(StoreUnavailable):
     """The quota store (Redis) could not be reached; apply ``on_redis_down``."""
 
 
@@ -89,21 +103,62 @@ def on_redis_down(tier: Tier, retry_after_s: float = 1.0) -> QuotaDecision:
     return QuotaDecision(outcome, "quota_unavailable", retry_after_s=retry)
 
 
-def quota_key(prefix: str, tenant: str, dimension: Dimension) -> str:
-    """The hash of one (tenant, dimension); the tenant is the cluster hash tag."""
+def _check_tag(prefix: str, name: str) -> None:
     if "{" in prefix or "}" in prefix:
         raise ValueError("the key prefix must not contain braces (it would be the hash tag)")
-    if not tenant or "{" in tenant or "}" in tenant:
-        raise ValueError("a tenant id must be non-empty and free of braces")
+    if not name or "{" in name or "}" in name:
+        raise ValueError("a tenant or region name must be non-empty and free of braces")
+
+
+def quota_key(prefix: str, tenant: str, dimension: Dimension) -> str:
+    """The hash of one (tenant, dimension); the tenant is the cluster hash tag."""
+    _check_tag(prefix, tenant)
     return RedisKeys(prefix).quota(tenant, dimension)
+
+
+def region_key(prefix: str, region: str, dimension: Dimension) -> str:
+    """The hash of one (region, dimension), in the regions' own namespace."""
+    _check_tag(prefix, region)
+    return RedisKeys(prefix).region_quota(region, dimension)
 
 
 @dataclass(frozen=True, slots=True)
 class QuotaRequest:
+    """What one bucket pair (a tenant's, or a region's) is charged."""
+
     tenant: str
+    """The tenant, or for a region's charge the region's name."""
     config: TierConfig
     requests: float = 1
     tokens: float = 0
+
+    @property
+    def costs(self) -> dict[Dimension, float]:
+        return {"requests": self.requests, "tokens": self.tokens}
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """One request's charge: its tenant's buckets, its region's if throttled, and its
+    marker (``None``: not idempotent)."""
+
+    tenant: QuotaRequest
+    region: QuotaRequest | None = None
+    marker: str | None = None
+    """The request's marker key (``RedisKeys.admitted``)."""
+    marker_ttl_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Charged:
+    tenant: QuotaDecision
+    """The tenant's decision (nothing spent if the region refused)."""
+    region: QuotaDecision | None
+    """The region's, when there was a region to charge (nothing spent if the tenant
+    refused)."""
+    replayed: bool = False
+    """The marker said this request was charged before: the earlier outcomes, nothing
+    spent now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +182,27 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _parse(reply: Sequence[bytes | str]) -> tuple[str, float, list[BucketState]]:
-    """The script's reply: outcome, server clock, then (tokens, ts, burst) per key."""
+def _parse(reply: Sequence[bytes | str]) -> tuple[str, float, str, bool, list[BucketState]]:
+    """The script's reply: tenant outcome, server clock, region outcome, replayed, then
+    (tokens, ts, burst) per bucket."""
     now = redis_clock(int(reply[1]), int(reply[2]))
-    values = [float(v) for v in reply[3:]]
+    values = [float(v) for v in reply[5:]]
     states = [BucketState(*values[i : i + 3]) for i in range(0, len(values), 3)]
-    return _text(reply[0]), now, states
+    return _text(reply[0]), now, _text(reply[3]), int(reply[4]) == 1, states
+
+
+def _decision(
+    item: QuotaRequest, outcome: str, now: float, states: Sequence[BucketState]
+) -> QuotaDecision:
+    if outcome not in ("admit", "degrade", "reject"):
+        raise RuntimeError(f"unexpected quota script outcome {outcome!r}")
+    costs = item.costs
+    limits = {d: item.config.limit(d) for d in DIMENSIONS}
+    allowed = outcome != "reject"
+    takes = {
+        d: assess(s, costs[d], limits[d], allowed) for d, s in zip(DIMENSIONS, states, strict=True)
+    }
+    return make_decision(cast(Outcome, outcome), takes, costs, limits, now)
 
 
 class RedisQuota:
@@ -151,56 +221,68 @@ class RedisQuota:
         self._script = redis.register_script(SCRIPT)
 
     def _args(
-        self, mode: Literal["take", "adjust"], items: Sequence[tuple[float, Limit]]
+        self,
+        mode: Literal["take", "adjust"],
+        items: Sequence[tuple[float, Limit]],
+        split: int = 0,
+        marker_ttl_ms: int = 0,
     ) -> list[str | int | float]:
-        args: list[str | int | float] = [mode, self._margin]
+        args: list[str | int | float] = [mode, self._margin, split, marker_ttl_ms]
         for cost, lim in items:
             args += [cost, lim.capacity, lim.rate, lim.burst_capacity, lim.burst_rate]
         return args
 
-    def _take_call(self, item: QuotaRequest) -> tuple[list[str], list[str | int | float]]:
-        check_cost(item.requests)
-        check_cost(item.tokens)
-        costs: dict[Dimension, float] = {"requests": item.requests, "tokens": item.tokens}
-        keys = [quota_key(self._prefix, item.tenant, d) for d in DIMENSIONS]
-        args = self._args("take", [(costs[d], item.config.limit(d)) for d in DIMENSIONS])
-        return keys, args
+    def _take_call(self, charge: Charge) -> tuple[list[str], list[str | int | float]]:
+        keys: list[str] = []
+        items: list[tuple[float, Limit]] = []
+        groups = [(charge.region, region_key)] if charge.region is not None else []
+        for item, key in [*groups, (charge.tenant, quota_key)]:
+            check_cost(item.requests)
+            check_cost(item.tokens)
+            keys += [key(self._prefix, item.tenant, d) for d in DIMENSIONS]
+            items += [(item.costs[d], item.config.limit(d)) for d in DIMENSIONS]
+        ttl = 0
+        if charge.marker is not None:
+            keys.append(charge.marker)
+            ttl = max(1, charge.marker_ttl_ms)
+        split = len(DIMENSIONS) if charge.region is not None else 0
+        return keys, self._args("take", items, split, ttl)
 
     @staticmethod
-    def _decision(item: QuotaRequest, reply: Sequence[bytes | str]) -> QuotaDecision:
-        outcome, now, states = _parse(reply)
-        if outcome not in ("admit", "degrade", "reject"):
-            raise RuntimeError(f"unexpected quota script outcome {outcome!r}")
-        costs: dict[Dimension, float] = {"requests": item.requests, "tokens": item.tokens}
-        limits = {d: item.config.limit(d) for d in DIMENSIONS}
-        allowed = outcome != "reject"
-        takes = {
-            d: assess(s, costs[d], limits[d], allowed)
-            for d, s in zip(DIMENSIONS, states, strict=True)
-        }
-        return make_decision(cast(Outcome, outcome), takes, costs, limits, now)
+    def _charged(charge: Charge, reply: Sequence[bytes | str]) -> Charged:
+        tenant_outcome, now, region_outcome, replayed, states = _parse(reply)
+        n = len(DIMENSIONS)
+        region = None
+        if charge.region is not None:
+            region = _decision(charge.region, region_outcome, now, states[:n])
+            states = states[n:]
+        tenant = _decision(charge.tenant, tenant_outcome, now, states)
+        return Charged(tenant, region, replayed)
 
     async def decide(
         self, tenant: str, config: TierConfig, requests: float = 1, tokens: float = 0
     ) -> QuotaDecision:
         """Charge ``requests`` and ``tokens`` (reserve ``prompt + max_tokens``) to a tenant."""
-        item = QuotaRequest(tenant, config, requests, tokens)
-        keys, args = self._take_call(item)
-        with _store_errors():
-            reply = await self._script(keys=keys, args=args)
-        return self._decision(item, cast(Sequence[bytes | str], reply))
+        (charged,) = await self.charge_many(
+            [Charge(QuotaRequest(tenant, config, requests, tokens))]
+        )
+        return charged.tenant
 
     async def decide_many(self, items: Sequence[QuotaRequest]) -> list[QuotaDecision]:
-        """Several decisions in one round trip (a pipeline of EVALSHAs, each atomic)."""
-        if not items:
+        """Several tenants' decisions in one round trip (see ``charge_many``)."""
+        return [c.tenant for c in await self.charge_many([Charge(i) for i in items])]
+
+    async def charge_many(self, charges: Sequence[Charge]) -> list[Charged]:
+        """Several charges in one round trip (a pipeline of EVALSHAs, each atomic)."""
+        if not charges:
             return []
-        calls = [self._take_call(item) for item in items]
+        calls = [self._take_call(c) for c in charges]
         with _store_errors():
             async with self._redis.pipeline(transaction=False) as pipe:
                 for keys, args in calls:
                     await self._script(keys=keys, args=args, client=pipe)
                 replies: list[Any] = await pipe.execute()
-        return [self._decision(item, r) for item, r in zip(items, replies, strict=True)]
+        return [self._charged(c, r) for c, r in zip(charges, replies, strict=True)]
 
     async def adjust(self, tenant: str, config: TierConfig, tokens_delta: float) -> Adjustment:
         """Apply ``actual - reserved`` tokens at completion (negative refunds)."""
@@ -209,5 +291,5 @@ class RedisQuota:
         args = self._args("adjust", [(tokens_delta, config.tokens)])
         with _store_errors():
             reply = await self._script(keys=[key], args=args)
-        _, now, (state,) = _parse(cast(Sequence[bytes | str], reply))
+        _, now, _, _, (state,) = _parse(cast(Sequence[bytes | str], reply))
         return Adjustment(now, assess(state, 0.0, config.tokens, allowed=True))

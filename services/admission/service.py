@@ -4,11 +4,13 @@ Loops (one ``Component``):
 
 - *intake*: one consumer, group ``<prefix>seawall.admission``, on the three priority
   topics. Each fetched batch is decided at once (``policy.screen``, then one pipelined
-  round of quota decisions, ``policy.judge``): a rejection is answered immediately;
-  an accepted request waits in its class's backlog. A class holding
-  ``max_buffered_per_class`` requests has its partitions paused (re-applied before every
-  fetch and after every rebalance, which resets pauses); the rest of its backlog waits
-  in Kafka. Undecodable records go to the dead-letter topic.
+  round of atomic quota charges — region and tenant together, idempotent by request id
+  (``quota.Charge``): a redelivered request is not charged twice — then
+  ``policy.judge``): a rejection is answered immediately; an accepted request waits in
+  its class's backlog. A class holding ``max_buffered_per_class`` requests has its
+  partitions paused (re-applied before every fetch and after every rebalance, which
+  resets pauses); the rest of its backlog waits in Kafka. Undecodable records go to
+  the dead-letter topic (bounded, ``services.common.deadletters``).
 - *dispatch*: each round, per destination pool, the ``PriorityScheduler`` shares the
   pool's free slots (``capacity.FleetCapacity``, the pacing rule) among the classes
   with work; the picked requests are checked for the client's abort marker in Redis,
@@ -16,7 +18,7 @@ Loops (one ``Component``):
   ``llm.dispatch.<pool>`` keyed by session. Requests whose deadline passes while they
   wait get their ``expired`` reply from a periodic sweep.
 - *telemetry*: every worker report and completion, read without a group from the end of
-  the topic, feeds the pacing rule.
+  the topic, feeds the pacing rule and each pool's ``max_model_len``.
 - *corrections*: ``RequestCompleted`` read with the group
   ``<prefix>seawall.admission.completions`` (so once per fleet): the tokens reserved at
   admission (kept in Redis per request, see ``RedisKeys.reservation``) are taken and the
@@ -24,7 +26,15 @@ Loops (one ``Component``):
   (GET+DEL in one transaction) makes a redelivered completion correct nothing twice.
   A request refused after it was charged (expired, cancelled, breaker, revoked) has its
   tokens refunded the same way (the request count is not refunded).
-- *control*: ``ControlFollower`` keeps the latest control event per key.
+- *control*: ``ControlFollower`` keeps the latest control event per key (and
+  dead-letters what is not one: admission is the fleet's one group on it); a decision
+  that expires falls back to the default.
+
+No record stops a loop (``services.common.consuming``): a request whose reply cannot
+be delivered (its ``reply_to`` is not an existing reply topic) is dead-lettered; one
+that fails on its own account (too large to forward, say) is answered ``error``; the
+broker or Redis being unavailable pauses the work in hand, which is tried again after
+a backoff (a quota store that stays down falls back to the tiers' Redis-down policy).
 
 Offsets of the priority topics are committed only once each record's effect — its
 dispatch or its terminal reply or its dead letter — is acknowledged by the broker.
@@ -37,19 +47,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 import redis.exceptions
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaTimeoutError
-from aiokafka.structs import ConsumerRecord
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from schemas import (
     BreakerState,
@@ -70,11 +76,12 @@ from services.admission.policy import (
     PolicyConfig,
     Reply,
     Screened,
+    failed,
     worker_share,
 )
 from services.admission.quota import (
-    QuotaDecision,
-    QuotaRequest,
+    Charge,
+    Charged,
     QuotaUnavailable,
     RedisQuota,
     on_redis_down,
@@ -86,13 +93,17 @@ from services.common.bus import (
     ensure_topics,
     make_consumer,
     make_producer,
-    send_dead_letter,
     topics_of,
 )
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.consuming import ConsumerLoop, Record, retry_unavailable
 from services.common.control import ControlFollower, ControlState
+from services.common.deadletters import DeadLetters, failure_of
+from services.common.delivery import Replies, TopicDirectory
+from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks
 from services.common.offsets import OffsetTracker
+from services.common.redisclient import make_redis
 from services.common.serde import REQUEST, TELEMETRY, DecodeError, decode, encode
 from services.common.topics import RedisKeys
 
@@ -101,6 +112,9 @@ log = logging.getLogger(__name__)
 _STORE_ERRORS = (redis.exceptions.RedisError, OSError)
 SWEEP_INTERVAL_S = 0.25
 """How often waiting requests are checked for a passed deadline."""
+MARKER_MARGIN_S = 60.0
+"""A request's charge marker outlives its deadline by this much (a redelivery after the
+deadline is answered ``expired`` before any charge)."""
 
 
 @dataclass(slots=True)
@@ -114,6 +128,8 @@ class _Waiting:
     """The class of the topic it was read from (what pauses that topic)."""
     accepted: Accepted
     since: float
+    replayed: bool = False
+    """Charged by an earlier delivery: nothing is reserved or refunded again."""
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -126,6 +142,46 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("partitions assigned", extra={"partitions": len(assigned)})
         self._admission.apply_pauses()
+
+
+class _TelemetryTail:
+    """The capacity tail's handler: every telemetry record feeds the pacing rule. What
+    does not decode is skipped (the controller, the telemetry's group, dead-letters
+    it)."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    async def decide(self, record: Record) -> None:
+        self._admission.capacity.observe(
+            decode(TELEMETRY, record.value), self._admission.clock.monotonic()
+        )
+
+    async def effect(self, record: Record, decision: None) -> None:
+        self._admission.wake()
+
+    async def fail(self, record: Record, error: BaseException) -> None:
+        return None
+
+
+class _Corrections:
+    """The corrections' handler: each ``RequestCompleted`` settles its reservation."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    async def decide(self, record: Record) -> None:
+        event = decode(TELEMETRY, record.value)
+        if isinstance(event, RequestCompleted):
+            actual = event.prompt_tokens + event.completion_tokens
+            await self._admission.settle(event.tenant, event.tier, event.request_id, actual)
+
+    async def effect(self, record: Record, decision: None) -> None:
+        return None
+
+    async def fail(self, record: Record, error: BaseException) -> None:
+        reason, _ = failure_of(error)
+        log.warning("skipped a telemetry record for corrections", extra={"reason": reason})
 
 
 class Admission(Component):
@@ -163,16 +219,22 @@ class Admission(Component):
         self._queues: defaultdict[tuple[Priority, str], deque[_Waiting]] = defaultdict(deque)
         self._buffered: Counter[Priority] = Counter()
         self._class_of = {self.topics.requests(p): p for p in Priority}
-        self._follower = ControlFollower(
-            settings, self.topics.control, self.control, self._on_control
-        )
         self._producer = make_producer(settings)
-        self._redis = aioredis.Redis.from_url(
-            settings.redis_url,
-            socket_timeout=settings.redis_timeout_s,
-            socket_connect_timeout=settings.redis_timeout_s,
-            retry=Retry(NoBackoff(), 1),
+        self._dead_letters = DeadLetters(
+            self._producer, self.topics.deadletter, f"admission:{settings.instance_id}", clock
         )
+        self._replies = Replies(
+            self._producer, self.topics, TopicDirectory(self._producer, clock=clock)
+        )
+        self._follower = ControlFollower(
+            settings,
+            self.topics.control,
+            self.control,
+            self._on_control,
+            on_expire=self._on_control,
+            dead_letters=self._dead_letters,
+        )
+        self._redis = make_redis(settings)
         self._quota = RedisQuota(self._redis, settings.redis_prefix)
         prefix = settings.topic_prefix
         self._consumer = make_consumer(settings, group_id=f"{prefix}seawall.admission")
@@ -184,6 +246,26 @@ class Admission(Component):
             group_id=f"{prefix}seawall.admission.completions",
             auto_offset_reset="latest",
         )
+        self._tail: ConsumerLoop[None] = ConsumerLoop(
+            self._telemetry,
+            _TelemetryTail(self),
+            None,
+            name="admission-telemetry",
+            commit=False,
+            concurrency=1,
+            start_consumer=False,
+        )
+        self._corrections: ConsumerLoop[None] = ConsumerLoop(
+            self._completions,
+            _Corrections(self),
+            None,
+            name="admission-corrections",
+            commit=True,
+            concurrency=settings.redis_fanout,
+            fetch_timeout_ms=500,
+            start_consumer=False,
+        )
+        self._backoff = Backoff()
         self._wake = asyncio.Event()
         self._loops: set[asyncio.Task[Any]] = set()
         self._finishing: set[asyncio.Task[Any]] = set()
@@ -199,21 +281,32 @@ class Admission(Component):
         # join both groups at once.
         await asyncio.gather(
             self._follower.start(),
-            self._tail(self._telemetry, self.topics.telemetry),
+            self._start_tail(self._telemetry, self.topics.telemetry),
             self._completions.start(),
             self._consumer.start(),
         )
+        await self._tail.start()
+        await self._corrections.start()
         self._loops = {
             self.spawn(self._intake_loop(), "intake"),
             self.spawn(self._dispatch_loop(), "dispatch"),
-            self.spawn(self._telemetry_loop(), "telemetry"),
-            self.spawn(self._corrections_loop(), "corrections"),
             self.spawn(self._commit_loop(), "commit"),
+            *(self.spawn(self._watch(part), f"watch:{part.name}") for part in self._parts),
         }
         log.info("admission running", extra={"pools": ",".join(s.pools)})
 
+    @property
+    def _parts(self) -> tuple[Component, ...]:
+        return (self._follower, self._tail, self._corrections)
+
     @staticmethod
-    async def _tail(consumer: AIOKafkaConsumer, topic: str) -> None:
+    async def _watch(part: Component) -> None:
+        """Fail with a part: the process exits and its supervisor restarts it."""
+        await part.failed.wait()
+        raise RuntimeError(f"{part.name} failed") from part.failure
+
+    @staticmethod
+    async def _start_tail(consumer: AIOKafkaConsumer, topic: str) -> None:
         """Start a groupless consumer on every partition of ``topic``, from its end."""
         await consumer.start()
         await consumer.topics()  # loads the metadata: the topic's partitions
@@ -233,34 +326,45 @@ class Admission(Component):
             await asyncio.wait(self._finishing, timeout=self.settings.shutdown_grace_s)
         try:
             # Not committed: the next owner decides them again; give back their tokens.
-            await asyncio.gather(*(self._settle_refund(w) for w in waiting))
+            with contextlib.suppress(*_STORE_ERRORS):
+                await asyncio.gather(*(self._settle_refund(w) for w in waiting))
             await self.commit_done()
         finally:
+            for part in self._parts:
+                await part.stop()
             for consumer in (self._consumer, self._completions, self._telemetry):
                 await consumer.stop()
-            await self._follower.stop()
             await self._producer.stop()
             await self._redis.aclose()
 
+    def wake(self) -> None:
+        """Ask for a dispatch round now (capacity or control changed)."""
+        self._wake.set()
+
     # -- control -------------------------------------------------------------------
     def _on_control(self, event: ControlEvent) -> None:
+        """A decision changed or expired: apply what is in force now for its scope."""
         if isinstance(event, BreakerState):
             kind, _, name = event.scope.partition(":")
+            current = self.control.get(BreakerState, event.scope)
             if kind == "worker":
-                self.capacity.share(name, worker_share(event, self.settings.rate_limit_factor))
-            elif self._breakers.get(event.scope) != (event.state, event.level):
-                # Level 1 of the matrix is "log only": this is that log (once per change,
-                # not per re-publication).
-                self._breakers[event.scope] = (event.state, event.level)
-                log.warning(
-                    "pool breaker changed",
-                    extra={
-                        "scope": event.scope,
-                        "state": event.state,
-                        "breaker_level": int(event.level),
-                    },
+                share = (
+                    1.0
+                    if current is None
+                    else worker_share(current, self.settings.rate_limit_factor)
                 )
-        self._wake.set()
+                self.capacity.share(name, share)
+            else:
+                state = ("closed", 0) if current is None else (current.state, int(current.level))
+                if self._breakers.get(event.scope, ("closed", 0)) != state:
+                    # Level 1 of the matrix is "log only": this is that log (once per
+                    # change, not per re-publication).
+                    self._breakers[event.scope] = state
+                    log.warning(
+                        "pool breaker changed",
+                        extra={"scope": event.scope, "state": state[0], "breaker_level": state[1]},
+                    )
+        self.wake()
 
     # -- intake ----------------------------------------------------------------------
     def backlog(self, cls: Priority) -> int:
@@ -279,7 +383,13 @@ class Admission(Component):
         consumer = self._consumer
         while True:
             self.apply_pauses()
-            batches = await consumer.getmany(timeout_ms=100, max_records=self.settings.intake_batch)
+            batches = await retry_unavailable(
+                functools.partial(
+                    consumer.getmany, timeout_ms=100, max_records=self.settings.intake_batch
+                ),
+                self._backoff,
+                "admission-intake",
+            )
             items: list[tuple[TopicPartition, int, InferenceRequest, Priority]] = []
             for tp, records in batches.items():
                 cls = self._class_of[tp.topic]
@@ -299,53 +409,64 @@ class Admission(Component):
         self, items: Sequence[tuple[TopicPartition, int, InferenceRequest, Priority]]
     ) -> None:
         now = self.clock.time()
+        lens = self.capacity.model_lens(self.clock.monotonic())
         screened: list[tuple[TopicPartition, int, InferenceRequest, Priority, Screened]] = []
         for tp, offset, request, cls in items:
-            verdict = self.policy.screen(request, cls, self.control, now)
+            try:
+                verdict = self.policy.screen(request, cls, self.control, now, lens)
+            except Exception as e:  # a record-level failure: it is answered, nothing stops
+                self._fail(tp, offset, request, cls, e)
+                continue
             if isinstance(verdict, Reply):
                 self._reply(tp, offset, request, cls, verdict)
             else:
                 screened.append((tp, offset, request, cls, verdict))
         if not screened:
             return
-        regions = [s.region for *_, s in screened if s.region is not None]
-        region_decisions = await self._charge(regions)
-        # Regions first: a request its region refuses does not cost its tenant anything.
-        # (If Redis is down the region check is skipped; the tier policy decides.)
-        decided_regions = iter(region_decisions or ())
-        region_of = [
-            next(decided_regions) if s.region is not None and region_decisions else None
-            for *_, s in screened
-        ]
-        to_charge = [i for i, r in enumerate(region_of) if r is None or r.allowed]
-        tenants = [screened[i][4].tenant for i in to_charge]
-        decided = await self._charge(tenants)
-        if decided is None:
-            decided = [
-                on_redis_down(q.config.tier, self.settings.quota_retry_after_s) for q in tenants
-            ]
-        tenant_of = dict(zip(to_charge, decided, strict=True))
+        charged = await self._charge(
+            [Charge(s.tenant, s.region, *self._marker(r, now)) for _, _, r, _, s in screened]
+        )
         now = self.clock.time()
         accepted: list[_Waiting] = []
         for i, (tp, offset, request, cls, s) in enumerate(screened):
-            judged = self.policy.judge(request, cls, s, now, tenant_of.get(i), region_of[i])
+            if charged is None:  # Redis down: the tier's policy; no region check
+                c = Charged(
+                    on_redis_down(s.tenant.config.tier, self.settings.quota_retry_after_s), None
+                )
+            else:
+                c = charged[i]
+            try:
+                judged = self.policy.judge(request, cls, s, now, c.tenant, c.region)
+            except Exception as e:
+                self._fail(tp, offset, request, cls, e)
+                continue
             if isinstance(judged, Reply):
                 self._reply(tp, offset, request, cls, judged)
             else:
-                accepted.append(_Waiting(tp, offset, request, cls, judged, self.clock.monotonic()))
-        await self._reserve(w for w in accepted if w.accepted.reserved_tokens > 0)
+                accepted.append(
+                    _Waiting(tp, offset, request, cls, judged, self.clock.monotonic(), c.replayed)
+                )
+        await self._reserve(
+            w for w in accepted if w.accepted.reserved_tokens > 0 and not w.replayed
+        )
         for w in accepted:
             self._queues[(w.accepted.cls, w.accepted.pool)].append(w)
             self._buffered[w.source] += 1
-        self._wake.set()
+        self.wake()
 
-    async def _charge(self, items: list[QuotaRequest]) -> list[QuotaDecision] | None:
-        """One pipelined round of quota decisions; ``None`` when Redis is unreachable."""
-        if not items:
-            return []
+    def _marker(self, request: InferenceRequest, now: float) -> tuple[str, int]:
+        """The request's charge marker and its TTL: past its deadline (plus a margin)."""
+        if request.deadline_at is not None:
+            life_s = max(0.0, request.deadline_at - now) + MARKER_MARGIN_S
+        else:
+            life_s = self.settings.reservation_ttl_s
+        return self.keys.admitted(request.tenant, request.request_id), int(life_s * 1000)
+
+    async def _charge(self, charges: list[Charge]) -> list[Charged] | None:
+        """One pipelined round of quota charges; ``None`` when Redis is unreachable."""
         started = self.clock.monotonic()
         try:
-            decisions = await self._quota.decide_many(items)
+            charged = await self._quota.charge_many(charges)
         except QuotaUnavailable as e:
             m.QUOTA_STORE_ERRORS.labels("decide").inc()
             log.warning("quota store unavailable; per-tier policy applies", extra={"error": str(e)})
@@ -353,17 +474,18 @@ class Admission(Component):
         finally:
             m.QUOTA_LATENCY.observe(self.clock.monotonic() - started)
         if log.isEnabledFor(logging.DEBUG):
-            for item, d in zip(items, decisions, strict=True):
+            for charge, c in zip(charges, charged, strict=True):
                 log.debug(
                     "quota decided",
                     extra={
-                        "bucket": item.tenant,
-                        "outcome": d.outcome,
-                        "reason": d.reason,
-                        "server_time": d.at,
+                        "bucket": charge.tenant.tenant,
+                        "outcome": c.tenant.outcome,
+                        "reason": c.tenant.reason,
+                        "replayed": c.replayed,
+                        "server_time": c.tenant.at,
                     },
                 )
-        return decisions
+        return charged
 
     async def _reserve(self, waiting: Iterable[_Waiting]) -> None:
         """Remember each request's reserved tokens for its completion's correction."""
@@ -387,16 +509,22 @@ class Admission(Component):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.dispatch_interval_s)
             self._wake.clear()
-            await self._dispatch_round()
+            if await self._dispatch_round():
+                self._backoff.reset()
+            else:
+                await self._backoff.wait()  # the broker did not take the dispatches
 
-    async def _dispatch_round(self) -> None:
+    async def _dispatch_round(self) -> bool:
+        """One round; ``False`` if the broker was unavailable (the requests wait)."""
         now = self.clock.monotonic()
+        ok = True
         if now - self._last_sweep >= SWEEP_INTERVAL_S:
             self._last_sweep = now
-            await self._release(self._take_expired(self.clock.time()))
-        await self._release(self._pick(now))
+            ok = await self._release(self._take_expired(self.clock.time()))
+        ok = await self._release(self._pick(now)) and ok
         for cls in Priority:
             m.BACKLOG.labels(cls.value).set(self.backlog(cls))
+        return ok
 
     def _take_expired(self, now: float) -> list[_Waiting]:
         return self._remove(lambda w: w.request.expired(now))
@@ -436,33 +564,67 @@ class Admission(Component):
         for w in taken:
             self._buffered[w.source] -= 1
 
-    async def _release(self, picked: list[_Waiting]) -> None:
+    def _requeue(self, waiting: list[_Waiting]) -> None:
+        """Put requests the broker did not take back at the head of their backlogs."""
+        for w in reversed(waiting):
+            self._queues[(w.accepted.cls, w.accepted.pool)].appendleft(w)
+            self._buffered[w.source] += 1
+
+    async def _release(self, picked: list[_Waiting]) -> bool:
+        """Answer or dispatch each picked request; ``False`` if the broker was
+        unavailable (what it did not take is back in its backlog)."""
         if not picked:
-            return
+            return True
         cancelled = await self._cancelled([w.request.request_id for w in picked])
         now, mono = self.clock.time(), self.clock.monotonic()
+        lens = self.capacity.model_lens(mono)
         sends: list[tuple[_Waiting, Admit, asyncio.Future[Any]]] = []
+        unsent: list[_Waiting] = []
         for w, gone in zip(picked, cancelled, strict=True):
-            verdict = self.policy.release(
-                w.request, w.accepted.cls, w.accepted, self.control, now, gone
-            )
+            try:
+                verdict = self.policy.release(
+                    w.request, w.accepted.cls, w.accepted, self.control, now, gone, lens
+                )
+            except Exception as e:
+                self._fail_waiting(w, e)
+                continue
             if isinstance(verdict, Reply):
                 self._reply(w.tp, w.offset, w.request, w.source, verdict)
-                if w.accepted.reserved_tokens > 0:
-                    self._finish(self._settle_refund(w))
+                self._refund(w)
                 continue
             d = verdict.dispatch
-            future = await self._producer.send(
-                self.topics.dispatch(d.pool), encode(d), key=w.request.partition_key.encode()
-            )
+            try:
+                future = await self._producer.send(
+                    self.topics.dispatch(d.pool), encode(d), key=w.request.partition_key.encode()
+                )
+            except Exception as e:
+                if is_infrastructure(e):
+                    unsent.append(w)
+                else:
+                    self._fail_waiting(w, e)
+                continue
             self.capacity.dispatched(d.pool, w.request.request_id, mono)
             sends.append((w, verdict, future))
-        for w, admit, future in sends:
-            await future
+        acks = await asyncio.gather(*(f for *_, f in sends), return_exceptions=True)
+        for (w, admit, _), ack in zip(sends, acks, strict=True):
+            if isinstance(ack, Exception):
+                if is_infrastructure(ack):
+                    unsent.append(w)
+                else:
+                    self._fail_waiting(w, ack)
+                continue
+            if isinstance(ack, BaseException):
+                raise ack
             self.offsets.done(w.tp, w.offset)
             outcome = "admitted" if admit.reason is ReasonCode.NONE else "degraded"
             m.DECISIONS.labels(outcome, admit.reason.value, w.source.value).inc()
             m.DISPATCHES.labels(admit.dispatch.pool, w.accepted.cls.value).inc()
+        if unsent:
+            log.warning(
+                "the broker did not take dispatches; they wait", extra={"requests": len(unsent)}
+            )
+            self._requeue(unsent)
+        return not unsent
 
     async def _cancelled(self, request_ids: list[str]) -> list[bool]:
         """Which requests carry the client's abort marker (none, if Redis is down)."""
@@ -495,104 +657,79 @@ class Admission(Component):
         m.DECISIONS.labels(reply.status.value, reply.reason.value, cls.value).inc()
         self._finish(self._send_reply(tp, offset, request, verdict))
 
+    def _fail(
+        self,
+        tp: TopicPartition,
+        offset: int,
+        request: InferenceRequest,
+        cls: Priority,
+        error: BaseException,
+    ) -> None:
+        """A request whose processing failed on its own account: answered ``error``."""
+        code, message = failure_of(error)
+        log.error(
+            "a request failed on its own account",
+            extra={"request_id": request.request_id, "error": type(error).__name__},
+        )
+        self._reply(tp, offset, request, cls, failed(request, code, message, self.clock.time()))
+
+    def _fail_waiting(self, w: _Waiting, error: BaseException) -> None:
+        self._fail(w.tp, w.offset, w.request, w.source, error)
+        self._refund(w)
+
+    def _refund(self, w: _Waiting) -> None:
+        if w.accepted.reserved_tokens > 0 and not w.replayed:
+            self._finish(self._settle_refund(w))
+
     async def _send_reply(
         self, tp: TopicPartition, offset: int, request: InferenceRequest, verdict: Reply
     ) -> None:
+        async def deliver() -> None:
+            await (await self._replies.send(request.reply_to, verdict.reply, request.request_id))
+
         try:
-            await self._producer.send_and_wait(
-                request.reply_to, encode(verdict.reply), key=request.request_id.encode()
-            )
-        except KafkaTimeoutError:
-            # The reply topic does not exist (or the broker is gone: then this fails
-            # too, and the service restarts). Keep the request where an operator sees it.
-            await send_dead_letter(
-                self._producer,
-                self.topics,
+            await retry_unavailable(deliver, Backoff(), "admission-reply")
+        except Exception as e:  # undeliverable (no such reply topic), or another of its own
+            reason, message = failure_of(e)
+            await self._dead_letters.send(
                 source_topic=tp.topic,
                 partition=tp.partition,
                 offset=offset,
                 key=request.partition_key.encode(),
-                raw=encode(request),
-                error=DecodeError(
-                    "reply_topic_unreachable", f"could not deliver to {request.reply_to!r}"
-                ),
-                service=f"admission:{self.settings.instance_id}",
-                clock=self.clock,
+                value=encode(request),
+                reason=reason,
+                error=message,
             )
         self.offsets.done(tp, offset)
 
-    async def _dead_letter(
-        self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes], error: DecodeError
-    ) -> None:
-        await send_dead_letter(
-            self._producer,
-            self.topics,
-            source_topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            key=record.key,
-            raw=record.value,
-            error=error,
-            service=f"admission:{self.settings.instance_id}",
-            clock=self.clock,
-        )
+    async def _dead_letter(self, tp: TopicPartition, record: Record, error: DecodeError) -> None:
+        await self._dead_letters.record(record, error)
         self.offsets.done(tp, record.offset)
 
-    # -- telemetry: capacity and corrections ---------------------------------------------
-    async def _telemetry_loop(self) -> None:
-        consumer = self._telemetry
-        while True:
-            batches = await consumer.getmany(timeout_ms=200)
-            now = self.clock.monotonic()
-            for records in batches.values():
-                for record in records:
-                    self._observe(record.value, now)
-            if batches:
-                self._wake.set()
-
-    def _observe(self, raw: bytes | None, now: float) -> None:
-        try:
-            event = decode(TELEMETRY, raw)
-        except DecodeError:
-            return  # the workers' records; the controller dead-letters what it cannot read
-        self.capacity.observe(event, now)
-
-    async def _corrections_loop(self) -> None:
-        consumer = self._completions
-        while True:
-            batches = await consumer.getmany(timeout_ms=500)
-            for records in batches.values():
-                for record in records:
-                    with contextlib.suppress(DecodeError):
-                        event = decode(TELEMETRY, record.value)
-                        if isinstance(event, RequestCompleted):
-                            actual = event.prompt_tokens + event.completion_tokens
-                            await self._settle(event.tenant, event.tier, event.request_id, actual)
-            if batches:
-                commits = {tp: records[-1].offset + 1 for tp, records in batches.items()}
-                try:
-                    await consumer.commit(commits)
-                except CommitFailedError as e:
-                    log.warning("corrections commit failed", extra={"error": str(e)})
-
+    # -- corrections -----------------------------------------------------------------
     async def _settle_refund(self, w: _Waiting) -> None:
-        if w.accepted.reserved_tokens > 0:
-            await self._settle(w.request.tenant, w.request.tier, w.request.request_id, 0)
-
-    async def _settle(self, tenant: str, tier: Tier, request_id: str, actual: float) -> None:
-        """Take a request's reservation and correct its tenant's tokens bucket."""
-        key = self.keys.reservation(tenant, request_id)
         try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.get(key)
-                pipe.delete(key)
-                reserved, _ = await pipe.execute()
-            if reserved is None:
-                m.CORRECTIONS.labels("not_found").inc()
-                return
-            config = self.policy.tenant_config(tenant, tier, self.control, self.clock.time())
-            await self._quota.adjust(tenant, config or self.tiers[tier], actual - float(reserved))
+            await self.settle(w.request.tenant, w.request.tier, w.request.request_id, 0)
         except (QuotaUnavailable, *_STORE_ERRORS) as e:
+            m.QUOTA_STORE_ERRORS.labels("correct").inc()
+            log.warning("token refund lost", extra={"error": str(e)})
+
+    async def settle(self, tenant: str, tier: Tier, request_id: str, actual: float) -> None:
+        """Take a request's reservation and correct its tenant's tokens bucket. Raises
+        when Redis is unavailable (the corrections loop tries again)."""
+        key = self.keys.reservation(tenant, request_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.get(key)
+            pipe.delete(key)
+            reserved, _ = await pipe.execute()
+        if reserved is None:
+            m.CORRECTIONS.labels("not_found").inc()
+            return
+        config = self.policy.tenant_config(tenant, tier, self.control, self.clock.time())
+        try:
+            await self._quota.adjust(tenant, config or self.tiers[tier], actual - float(reserved))
+        except QuotaUnavailable as e:
+            # The reservation is taken: trying again would find nothing to correct.
             m.QUOTA_STORE_ERRORS.labels("correct").inc()
             log.warning("token correction lost", extra={"error": str(e)})
             return
@@ -614,4 +751,4 @@ class Admission(Component):
         self.offsets.forget(revoked)
         gone = set(revoked)
         for w in self._remove(lambda w: w.tp in gone):
-            self._finish(self._settle_refund(w))
+            self._refund(w)

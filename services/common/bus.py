@@ -1,4 +1,4 @@
-"""Kafka plumbing: topic creation, producer and consumer factories, dead letters.
+"""Kafka plumbing: topic creation, producer and consumer factories, commits.
 
 Producers use ``acks=all``; idempotence follows ``SEAWALL_KAFKA_IDEMPOTENCE`` (off on the
 embedded broker, see DESIGN's Platform facts). Consumers never auto-commit: services
@@ -16,13 +16,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
-from aiokafka.structs import ConsumerRecord
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaError,
+    TopicAlreadyExistsError,
+)
 
-from schemas import DeadLetter
-from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.offsets import OffsetTracker
-from services.common.serde import DecodeError, encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics, TopicSpec
 
@@ -105,8 +106,9 @@ async def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
 async def ensure_topics(
     bootstrap: str, specs: Iterable[TopicSpec], replication: int = 1
 ) -> list[str]:
-    """Create the topics that do not exist yet (the embedded broker does not
-    auto-create them). Returns the names created."""
+    """Create the topics that do not exist yet, with their partitions and retention
+    (never left to a broker's auto-creation, which production Kafka turns off and which
+    would pick its own defaults). Returns the names created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
     await admin.start()
     try:
@@ -126,76 +128,18 @@ async def ensure_topics(
         await admin.close()
 
 
-async def send_dead_letter(
-    producer: AIOKafkaProducer,
-    topics: Topics,
-    *,
-    source_topic: str,
-    partition: int,
-    offset: int,
-    key: bytes | None,
-    raw: bytes | None,
-    error: DecodeError,
-    service: str,
-    clock: Clock = SYSTEM_CLOCK,
-) -> None:
-    """Keep a record no one can use, whole, with the reason; wait for the broker's ack so
-    that the caller may commit the record's offset afterwards."""
-    letter = DeadLetter(
-        source_topic=source_topic,
-        partition=partition,
-        offset=offset,
-        key=key,
-        raw=raw or b"",
-        reason=error.reason,
-        error=error.message[:512],
-        service=service,
-        at=clock.time(),
-    )
-    await producer.send_and_wait(topics.deadletter, encode(letter), key=source_topic.encode())
-    log.warning(
-        "dead-lettered a record",
-        extra={
-            "source": source_topic,
-            "partition": partition,
-            "offset": offset,
-            "reason": error.reason,
-        },
-    )
-
-
-async def dead_letter_record(
-    producer: AIOKafkaProducer,
-    topics: Topics,
-    record: ConsumerRecord[bytes, bytes],
-    error: DecodeError,
-    *,
-    service: str,
-    clock: Clock = SYSTEM_CLOCK,
-) -> None:
-    """``send_dead_letter`` for a consumed record, kept whole."""
-    await send_dead_letter(
-        producer,
-        topics,
-        source_topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key,
-        raw=record.value,
-        error=error,
-        service=service,
-        clock=clock,
-    )
-
-
 async def commit_done(consumer: AIOKafkaConsumer, offsets: OffsetTracker[TopicPartition]) -> None:
     """Commit what became safe to commit. A commit that loses to a rebalance is logged,
     not raised: the partitions' new owner processes those records again, and the
-    duplicates are dropped downstream by request id."""
+    duplicates are dropped downstream by request id. One the broker could not take
+    (unavailable) is kept for the next call."""
     commits = offsets.take_commits()
     if not commits:
         return
     try:
         await consumer.commit(commits)
-    except CommitFailedError as e:
+    except (CommitFailedError, IllegalStateError) as e:
         log.warning("commit failed", extra={"error": str(e)})
+    except KafkaError as e:
+        offsets.restore(commits)
+        log.warning("commit not taken; kept for the next one", extra={"error": repr(e)[:200]})

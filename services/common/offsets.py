@@ -44,6 +44,13 @@ class OffsetTracker(Generic[P]):
         commits, self._committable = self._committable, {}
         return commits
 
+    def restore(self, commits: dict[P, int]) -> None:
+        """Put back what ``take_commits`` gave when the commit failed, so that the next
+        commit carries it (unless the partition was forgotten or has moved on)."""
+        for partition, offset in commits.items():
+            if partition in self._inflight and partition not in self._committable:
+                self._committable[partition] = offset
+
     def pending(self, partition: P | None = None) -> int:
         if partition is not None:
             return sum(not d for d in self._inflight.get(partition, {}).values())

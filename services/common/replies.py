@@ -9,14 +9,21 @@ terminal ``InferenceReply``, after which the stream ends.
   registered is dropped (counted as ``orphan``), so registering late could miss a fast
   reply. The router reads from the end of the topic as it was at start: replies
   produced before ``start`` returned are not seen.
-- At-least-once delivery upstream means duplicates: a chunk whose ``seq`` was already
-  delivered, and anything after the terminal reply (a second terminal reply included),
-  is dropped (``duplicate``). After ``unregister`` records for the id still count as
-  ``duplicate`` while it is among the last ``remember`` unregistered ids, then as
-  ``orphan``. ``counts`` holds this router's own tallies (the metric sums all routers).
+- At-least-once delivery upstream means duplicates: a chunk whose ``(generation, seq)``
+  was already delivered, and anything after the terminal reply (a second terminal
+  reply included), is dropped (``duplicate``). After ``unregister`` records for the id
+  still count as ``duplicate`` while it is among the last ``remember`` unregistered
+  ids, then as ``orphan``. ``counts`` holds this router's own tallies (the metric sums
+  all routers).
+- Generations (a worker died mid-stream and another started the request again): the
+  stream follows the first generation it hears from; chunks and terminal replies of
+  an older generation are dropped (``superseded``); a newer generation takes over while
+  no text has been delivered, and otherwise ends the stream with a terminal
+  ``error``/``stream_interrupted`` reply of its own (``interrupted``), never splicing
+  two generations' text into one answer.
 - There is no consumer group (every owner reads its own topic whole) and so no commit.
-- A record that does not decode is dead-lettered when a producer is given, else logged
-  and counted; either way the router carries on.
+- A record that does not decode is dead-lettered when ``dead_letters`` is given, else
+  logged and counted; either way the router carries on (``services.common.consuming``).
 - When the router stops or its consumer fails, every open stream raises
   ``ReplyRouterClosed`` instead of leaving its reader waiting for ever.
 """
@@ -28,16 +35,18 @@ import logging
 from collections import Counter as Tally
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from typing import Literal
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.structs import ConsumerRecord
+from aiokafka import TopicPartition
 from prometheus_client import Counter
 
-from schemas import InferenceReply, ReplyChunk
-from services.common.bus import dead_letter_record, ensure_topics, make_consumer, topics_of
+from schemas import InferenceReply, ReasonCode, ReplyChunk, ReplyStatus
+from services.common.bus import ensure_topics, make_consumer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.lifecycle import Component, cancel_tasks
-from services.common.serde import REPLY, DecodeError, decode
+from services.common.consuming import ConsumerLoop, Record
+from services.common.deadletters import DeadLetters, failure_of
+from services.common.lifecycle import Component
+from services.common.serde import REPLY, decode
 from services.common.settings import CommonSettings
 
 log = logging.getLogger(__name__)
@@ -55,34 +64,77 @@ class ReplyRouterClosed(ConnectionError):
     """The router stopped (or its consumer failed) before the terminal reply came."""
 
 
+Outcome = Literal["delivered", "duplicate", "superseded", "interrupted"]
+
+INTERRUPTED_MESSAGE = (
+    "The worker streaming this reply failed after text had been sent, and the request "
+    "was started again: the text streamed so far is void."
+)
+
+
 class ReplyStream:
-    """One request's replies: chunks (each ``seq`` once), then the terminal reply.
+    """One request's replies: chunks (each ``(generation, seq)`` once, of one
+    generation), then the terminal reply.
 
     Iterate it (``async for item in stream``) to get every item, the terminal reply
     last; or ``await stream.result()`` for the terminal reply alone. Bound the wait
     with ``asyncio.timeout``: the stream itself never times out.
     """
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.request_id = request_id
         self.terminal: InferenceReply | None = None
         """The terminal reply once the router has received it (it may not be read yet)."""
+        self._clock = clock
         self._queue: asyncio.Queue[ReplyItem | ReplyRouterClosed] = asyncio.Queue()
+        self._generation: int | None = None
+        """The generation whose chunks are delivered (``None``: none yet)."""
+        self._text_sent = False
+        """Whether a chunk of ``_generation`` with text has been delivered."""
         self._seqs: set[int] = set()
         self._finished = False
 
-    def deliver(self, item: ReplyItem) -> bool:
-        """Queue ``item`` unless it is a duplicate; ``False`` if it was dropped."""
+    def deliver(self, item: ReplyItem) -> Outcome:
+        """Queue ``item`` unless it is a duplicate or superseded (module notes)."""
         if self.terminal is not None:
-            return False
-        if isinstance(item, ReplyChunk):
-            if item.seq in self._seqs:
-                return False
-            self._seqs.add(item.seq)
-        else:
-            self.terminal = item
+            return "duplicate"
+        gen = item.generation
+        if isinstance(item, InferenceReply):
+            if self._generation is None or gen in (0, self._generation) or not self._text_sent:
+                return self._end(item)
+            if gen < self._generation:
+                return "superseded"
+            self._end(self._interrupted(gen))
+            return "interrupted"
+        if self._generation is not None and gen != self._generation:
+            if gen < self._generation:
+                return "superseded"
+            if self._text_sent:
+                self._end(self._interrupted(gen))
+                return "interrupted"
+            self._seqs.clear()
+        self._generation = gen
+        if item.seq in self._seqs:
+            return "duplicate"
+        self._seqs.add(item.seq)
+        self._text_sent = self._text_sent or bool(item.text)
         self._queue.put_nowait(item)
-        return True
+        return "delivered"
+
+    def _end(self, reply: InferenceReply) -> Outcome:
+        self.terminal = reply
+        self._queue.put_nowait(reply)
+        return "delivered"
+
+    def _interrupted(self, generation: int) -> InferenceReply:
+        return InferenceReply(
+            request_id=self.request_id,
+            status=ReplyStatus.ERROR,
+            reason=ReasonCode.STREAM_INTERRUPTED,
+            message=INTERRUPTED_MESSAGE,
+            generation=generation,
+            completed_at=self._clock.time(),
+        )
 
     def close(self, error: ReplyRouterClosed) -> None:
         """Wake the reader with ``error`` (after whatever is queued) unless it is done."""
@@ -125,7 +177,7 @@ class ReplyRouter(Component):
         settings: CommonSettings,
         owner: str,
         *,
-        dead_letters: AIOKafkaProducer | None = None,
+        dead_letters: DeadLetters | None = None,
         clock: Clock = SYSTEM_CLOCK,
         remember: int = 10_000,
     ) -> None:
@@ -135,13 +187,20 @@ class ReplyRouter(Component):
         self._remember = remember
         self._done: OrderedDict[str, None] = OrderedDict()
         self._settings = settings
-        self._topics = topics_of(settings)
-        self._spec = self._topics.reply_spec(owner)
+        self._spec = topics_of(settings).reply_spec(owner)
         self._dead_letters = dead_letters
         self._clock = clock
         self._streams: dict[str, ReplyStream] = {}
-        self._consumer: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._consumer = make_consumer(settings, group_id=None)
+        self._loop: ConsumerLoop[None] = ConsumerLoop(
+            self._consumer,
+            self,
+            dead_letters,
+            name=self.name,
+            commit=False,
+            concurrency=1,  # in record order: a request's chunks stay in sequence
+            start_consumer=False,
+        )
 
     @property
     def topic(self) -> str:
@@ -153,7 +212,7 @@ class ReplyRouter(Component):
             raise ReplyRouterClosed("the reply router is not running")
         if request_id in self._streams:
             raise ValueError(f"request {request_id!r} is already registered")
-        stream = self._streams[request_id] = ReplyStream(request_id)
+        stream = self._streams[request_id] = ReplyStream(request_id, self._clock)
         return stream
 
     def unregister(self, request_id: str) -> None:
@@ -170,8 +229,7 @@ class ReplyRouter(Component):
     async def on_start(self) -> None:
         s = self._settings
         await ensure_topics(s.kafka_bootstrap, [self._spec], s.topic_replication)
-        consumer = make_consumer(self._settings, group_id=None)
-        self._consumer = consumer
+        consumer = self._consumer
         await consumer.start()
         await consumer.topics()  # loads the metadata: the partitions of our topic
         partitions = consumer.partitions_for_topic(self.topic) or {0}
@@ -182,14 +240,18 @@ class ReplyRouter(Component):
             # Resolve the position now: a lazy one would be taken at the first fetch,
             # after a fast reply to an early request could already have landed.
             await consumer.position(tp)
-        self._reader = self.spawn(self._read_loop(), "read")
+        await self._loop.start()
+        self.spawn(self._watch(), "watch")
+
+    async def _watch(self) -> None:
+        await self._loop.failed.wait()
+        self._close_all("the reply router's consumer failed")
+        raise RuntimeError("the reply router's loop failed") from self._loop.failure
 
     async def on_stop(self) -> None:
-        if self._reader is not None:
-            await cancel_tasks({self._reader})
+        await self._loop.stop()
         self._close_all("the reply router stopped")
-        if self._consumer is not None:
-            await self._consumer.stop()
+        await self._consumer.stop()
 
     def _close_all(self, why: str) -> None:
         error = ReplyRouterClosed(why)
@@ -197,48 +259,28 @@ class ReplyRouter(Component):
             stream.close(error)
         self._streams.clear()
 
-    async def _read_loop(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None
-        try:
-            while True:
-                batches = await consumer.getmany(timeout_ms=500)
-                for records in batches.values():
-                    for record in records:
-                        await self._route(record)
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            self._close_all("the reply router's consumer failed")
-            raise
-
-    async def _route(self, record: ConsumerRecord[bytes, bytes]) -> None:
-        try:
-            item = decode(REPLY, record.value)
-        except DecodeError as e:
-            self._count("undecodable")
-            if self._dead_letters is None:
-                log.warning(
-                    "undecodable reply record skipped",
-                    extra={"topic": record.topic, "offset": record.offset, "reason": e.reason},
-                )
-                return
-            await dead_letter_record(
-                self._dead_letters,
-                self._topics,
-                record,
-                e,
-                service=f"reply-router:{self._settings.instance_id}",
-                clock=self._clock,
-            )
-            return
+    # -- the handler (services.common.consuming.Handler) ---------------------------
+    async def decide(self, record: Record) -> None:
+        item = decode(REPLY, record.value)
         stream = self._streams.get(item.request_id)
         if stream is None:
             self._count("duplicate" if item.request_id in self._done else "orphan")
-        elif stream.deliver(item):
-            self._count("delivered")
         else:
-            self._count("duplicate")
+            self._count(stream.deliver(item))
+
+    async def effect(self, record: Record, decision: None) -> None:
+        return None
+
+    async def fail(self, record: Record, error: BaseException) -> None:
+        self._count("undecodable")
+        if self._dead_letters is None:
+            reason, _ = failure_of(error)
+            log.warning(
+                "unusable reply record skipped",
+                extra={"topic": record.topic, "offset": record.offset, "reason": reason},
+            )
+            return
+        await self._dead_letters.record(record, error)
 
     def _count(self, outcome: str) -> None:
         self.counts[outcome] += 1

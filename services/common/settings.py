@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_BROKER = "127.0.0.1:9092"
@@ -38,6 +38,15 @@ class CommonSettings(BaseSettings):
 
     redis_url: str = DEFAULT_REDIS_URL
     redis_prefix: str = Field(default="seawall:", max_length=64)
+    redis_timeout_s: float = Field(default=1.0, gt=0, le=60)
+    """Connect and socket timeout of every Redis call; a Redis slower than this counts
+    as unavailable."""
+    redis_max_connections: int = Field(default=64, ge=2, le=10_000)
+    """Connections per Redis client. A full pool makes a caller wait (up to
+    ``redis_timeout_s``), it is not an outage."""
+    redis_fanout: int = Field(default=16, ge=1, le=10_000)
+    """At most this many records of a batch wait on Redis at once (below
+    ``redis_max_connections``, so that a backlog never exhausts the pool)."""
 
     instance_id: str = Field(default_factory=default_instance_id, max_length=128)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -46,6 +55,12 @@ class CommonSettings(BaseSettings):
     """Port of the service's Prometheus ``/metrics``; ``None`` serves none."""
     shutdown_grace_s: float = Field(default=20.0, ge=0, le=3600)
     """How long a SIGTERM'd service may spend finishing in-flight work."""
+
+    @model_validator(mode="after")
+    def _fanout_below_pool(self) -> Self:
+        if self.redis_fanout >= self.redis_max_connections:
+            raise ValueError("redis_fanout must be below redis_max_connections")
+        return self
 
     @field_validator("pools", mode="before")
     @classmethod

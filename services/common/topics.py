@@ -98,6 +98,20 @@ class RedisKeys:
     def quota(self, tenant: str, dimension: str) -> str:
         return f"{self.prefix}quota:{{{tenant}}}:{dimension}"
 
+    def region_quota(self, region: str, dimension: str) -> str:
+        """A region's bucket: its own namespace, never a tenant's."""
+        return f"{self.prefix}region:{{{region}}}:{dimension}"
+
+    def admitted(self, tenant: str, request_id: str) -> str:
+        """Set by admission's quota script when it charges a request: a redelivered
+        request is not charged again (``admission.quota``)."""
+        return f"{self.prefix}admitted:{{{tenant}}}:{request_id}"
+
+    def work(self, tenant: str, request_id: str) -> str:
+        """A request's generation at the workers: who runs it, until when, which
+        generation, whether it is done (``workers.claims``)."""
+        return f"{self.prefix}work:{{{tenant}}}:{request_id}"
+
     def session(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}"
 

@@ -51,8 +51,10 @@ from faust.types import StreamT
 from pydantic import ValidationError
 
 from schemas import ControlEvent, TelemetryEvent
-from services.common.bus import ensure_topics, make_producer, send_dead_letter, topics_of
+from services.common.bus import ensure_topics, make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.deadletters import DeadLetters, failure_of
+from services.common.failures import is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks
 from services.common.serde import TELEMETRY, DecodeError, decode, encode
 from services.controller import metrics as m
@@ -137,6 +139,9 @@ class Controller(Component):
         self._lock = asyncio.Lock()
         self._exporter = m.StateExporter()
         self._producer = make_producer(settings)
+        self._dead_letters = DeadLetters(
+            self._producer, self.topics.deadletter, "controller", clock
+        )
         self._datadir = Path(tempfile.gettempdir()) / f"seawall-controller-{uuid.uuid4().hex}"
         self.app = build_app(settings, self._datadir)
         self._telemetry = self.app.topic(
@@ -233,21 +238,10 @@ class Controller(Component):
                 telemetry = decode(TELEMETRY, event.value)
             except DecodeError as e:
                 m.TELEMETRY.labels("unknown", "invalid").inc()
-                await send_dead_letter(
-                    self._producer,
-                    self.topics,
-                    source_topic=message.topic,
-                    partition=message.partition,
-                    offset=message.offset,
-                    key=message.key,
-                    raw=event.value,
-                    error=e,
-                    service="controller",
-                    clock=self.clock,
-                )
+                await self._dead_letter(message, event.value, e)
                 continue
             if self._direct and message.partition == self._partition(telemetry.pool):
-                await self._observe(telemetry)  # already on its pool's partition
+                await self._observe(telemetry, message, event.value)  # on its pool's partition
             else:
                 await self._by_pool.send(key=telemetry.pool.encode(), value=event.value)
 
@@ -260,15 +254,38 @@ class Controller(Component):
                     "skipped an invalid record of the internal topic", extra={"reason": e.reason}
                 )
                 continue
-            await self._observe(telemetry)
+            await self._observe(telemetry, event.message, event.value)
 
-    async def _observe(self, telemetry: TelemetryEvent) -> None:
-        async with self._lock:
-            now = self.clock.time()
-            engine = self._engine(telemetry.pool, now)
-            output = engine.observe(telemetry, now)
-            await self._publish(engine, output)
+    async def _observe(self, telemetry: TelemetryEvent, message: Any, value: bytes) -> None:
+        """Decide one record. One that the policy code cannot take (a bug, or values no
+        test foresaw) is dead-lettered, never allowed to stop the agent; only the
+        broker being unavailable is raised (faust then restarts the agent)."""
+        try:
+            async with self._lock:
+                now = self.clock.time()
+                engine = self._engine(telemetry.pool, now)
+                output = engine.observe(telemetry, now)
+                await self._publish(engine, output)
+        except Exception as e:
+            if is_infrastructure(e):
+                raise
+            log.error("a telemetry record failed", extra={"error": type(e).__name__})
+            m.TELEMETRY.labels(telemetry.type, "failed").inc()
+            await self._dead_letter(message, value, e)
+            return
         m.count_output(telemetry.type, output)
+
+    async def _dead_letter(self, message: Any, value: bytes | None, error: Exception) -> None:
+        reason, text = failure_of(error)
+        await self._dead_letters.send(
+            source_topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            key=message.key,
+            value=value,
+            reason=reason,
+            error=text,
+        )
 
     # -- timer -----------------------------------------------------------------
     async def _tick_loop(self) -> None:

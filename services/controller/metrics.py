@@ -52,7 +52,7 @@ SIGNAL = Gauge(
 POOLS = Gauge("seawall_controller_pools", "Pools this controller instance decides for")
 TELEMETRY = Counter(
     "seawall_controller_telemetry_total",
-    "Telemetry records read, by type and outcome (used, stale, invalid)",
+    "Telemetry records read, by type and outcome (used, stale, invalid, failed)",
     ["type", "outcome"],
 )
 EVENTS = Counter(

@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
-import redis.asyncio as aioredis
 import typer
 from aiokafka.errors import KafkaError
 from pydantic import TypeAdapter, ValidationError
@@ -33,6 +32,7 @@ from rich.table import Table
 from schemas import Tier
 from schemas.base import Ident
 from services.common.bus import ensure_topics, make_producer, topics_of
+from services.common.redisclient import make_redis
 from services.common.topics import RedisKeys
 from services.ingress.keys import IssuedKey, KeyRecord, disabled_at, phase
 from services.ingress.keystore import AuditLog, KeyNotFound, KeyStore, TenantPolicy
@@ -74,7 +74,7 @@ async def open_keystore(settings: IngressSettings) -> AsyncIterator[KeyStore]:
     await ensure_topics(settings.kafka_bootstrap, [audit_spec], settings.topic_replication)
     producer = make_producer(settings)
     await producer.start()
-    redis = aioredis.Redis.from_url(settings.redis_url)
+    redis = make_redis(settings)
     try:
         yield KeyStore(
             redis,

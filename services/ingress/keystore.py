@@ -36,9 +36,9 @@ from redis.typing import EncodableT, FieldT
 
 from schemas import AuditEvent, Tier
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.sensitive import SensitivePolicy
 from services.common.serde import encode
 from services.common.topics import RedisKeys
-from services.ingress.filters.sensitive import SensitivePolicy
 from services.ingress.keys import (
     DEFAULT_POLICY,
     IssuedKey,

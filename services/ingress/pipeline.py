@@ -37,13 +37,13 @@ from pydantic import ValidationError
 from schemas import ChatMessage, InferenceRequest, ReasonCode
 from schemas.requests import TIER_PRIORITY
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.sensitive import Finding, screen, summary
 from services.common.serde import describe, encode
 from services.common.tokenizer import count_tokens
 from services.common.topics import RedisKeys, Topics
 from services.ingress import metrics as m
 from services.ingress.filters.body import check_body
 from services.ingress.filters.geo import RegionTable, parse_ip
-from services.ingress.filters.sensitive import Finding, screen, summary
 from services.ingress.filters.useragent import UserAgentBlacklist
 from services.ingress.keys import Action, KeyDecision, KeyRecord, check, key_id_of, verify
 from services.ingress.keystore import AuditLog, KeyStore, TenantPolicy

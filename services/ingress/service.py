@@ -22,12 +22,14 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-import redis.asyncio as aioredis
 import uvicorn
 
 from services.common.bus import ensure_topics, make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.deadletters import DeadLetters
+from services.common.delivery import Replies, TopicDirectory
 from services.common.lifecycle import Component
+from services.common.redisclient import make_redis
 from services.common.replies import ReplyRouter
 from services.common.topics import RedisKeys
 from services.ingress.http import create_app
@@ -57,9 +59,12 @@ class IngressService(Component):
         self.topics = topics_of(settings)
         instance = safe_name(settings.instance_id)
         self._producer = make_producer(settings)
-        self._redis = aioredis.Redis.from_url(settings.redis_url)
+        self._redis = make_redis(settings)
+        dead_letters = DeadLetters(
+            self._producer, self.topics.deadletter, f"ingress:{instance}", clock
+        )
         self.router = ReplyRouter(
-            settings, f"ingress-{instance}", dead_letters=self._producer, clock=clock
+            settings, f"ingress-{instance}", dead_letters=dead_letters, clock=clock
         )
         audit = AuditLog(self._producer, self.topics.audit, f"ingress:{instance}", clock)
         self.keystore = KeyStore(
@@ -73,7 +78,8 @@ class IngressService(Component):
         self.gate = Gate(
             settings, self.keystore, audit, self._producer, self.topics, self._redis, clock
         )
-        self.kafka = KafkaIngress(settings, self.gate, self._producer, self.topics, clock)
+        replies = Replies(self._producer, self.topics, TopicDirectory(self._producer, clock=clock))
+        self.kafka = KafkaIngress(settings, self.gate, replies, dead_letters, self.topics, clock)
         self.app = create_app(self.gate, self.router, self._ready, clock)
         self._server: _Server | None = None
         self._http: asyncio.Task[Any] | None = None

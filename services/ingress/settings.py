@@ -82,8 +82,6 @@ class IngressSettings(CommonSettings):
     more members than the topic has partitions)."""
     kafka_max_batch: int = Field(default=200, ge=1, le=10_000)
     """Records the Kafka ingress takes per batch; it commits after each batch."""
-    redis_retry_s: float = Field(default=1.0, gt=0, le=60)
-    """The Kafka ingress's pause before retrying a batch when Redis did not answer."""
 
     @field_validator("user_agent_blacklist", "user_agent_patterns", mode="before")
     @classmethod

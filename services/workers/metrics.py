@@ -12,7 +12,19 @@ STEPPED_ASIDE = Gauge(
     "seawall_worker_stepped_aside", "1 while its breaker isolates it and it left its group"
 )
 REQUESTS = Counter(
-    "seawall_worker_requests_total", "Requests finished, by terminal status", ["status"]
+    "seawall_worker_requests_total",
+    "Dispatched records handled, by outcome: the terminal reply's status, or dead_letter, "
+    "joined (a redelivery of a request in hand), already_answered, taken_over (its lease "
+    "ran out), refused (by the engine), too_many_attempts",
+    ["status"],
+)
+CLAIMS_UNAVAILABLE = Counter(
+    "seawall_worker_claims_unavailable_total",
+    "Requests generated without a claim because Redis was unavailable",
+)
+TELEMETRY_DROPPED = Counter(
+    "seawall_worker_telemetry_dropped_total",
+    "Telemetry records not sent because the broker was unavailable",
 )
 CHUNKS = Counter("seawall_worker_reply_chunks_total", "Streamed reply chunks sent")
 LATENCY = Histogram(

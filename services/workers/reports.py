@@ -15,6 +15,7 @@ def limits_info(lim: EngineLimits) -> EngineLimitsInfo:
         block_size=lim.block_size,
         kv_capacity_tokens=lim.kv_capacity_tokens,
         gpu_memory_utilization=lim.gpu_memory_utilization,
+        max_model_len=lim.max_model_len,
     )
 
 

@@ -1,36 +1,52 @@
 """The worker: pulls its pool's dispatch topic, drives the engine, streams replies.
 
 - At most ``batch_limit`` requests in flight; the limit comes from settings, then from
-  ``BatchLimit`` control events (clamped to the engine's ``max_num_seqs``). At the limit
-  the worker simply stops asking the consumer for records.
+  ``BatchLimit`` control events (clamped to the engine's ``max_num_seqs``; back to the
+  setting when the controller's decision expires). At the limit the worker simply
+  stops asking the consumer for records.
+- Each request is *claimed* before it is generated (``claims``): a request another
+  worker is running (its partition moved) waits for that worker, one already answered
+  is only committed, one whose worker died is taken over once its lease runs out, as a
+  new generation that its chunks and terminal reply carry (readers drop a superseded
+  generation's). A request redelivered to this worker while it runs it joins the run.
 - Each request ends in exactly one terminal reply on its ``reply_to``; its offset is
   committed only after that reply is acknowledged (per partition, up to the lowest
   unfinished offset). A crash means redelivery, never loss; clients drop duplicates by
   request id.
-- An engine failure (``EngineError`` raised, not a request that finished with an error)
+- No record stops the worker (``services.common.consuming``): a record that does not
+  decode, or whose ``reply_to`` is not an existing reply topic, is dead-lettered; a
+  request the engine refuses (longer than its context) or whose processing fails on
+  its own account is answered ``error``; the broker or Redis being unavailable makes
+  the request wait and try again. Only the engine failing itself (``EngineError``)
   makes the worker exit non-zero: its unanswered requests go to the rest of the group,
-  and its supervisor restarts it with a fresh engine (crash-only).
+  and its supervisor restarts it with a fresh engine (crash-only). A request that has
+  been claimed ``max_attempts`` times is answered ``error`` instead of taking another
+  worker down with it.
 - SIGTERM: stop fetching, let in-flight requests finish within the grace period,
-  commit, close. What did not finish is not committed and is redelivered.
+  commit, close. What did not finish is not committed, its claim is released, and it is
+  redelivered.
 - Its own breaker isolating it (``control.isolates``: errors, heartbeat loss, a failed
   probe, level 3+): it stops fetching, finishes what it has (within the grace period),
   commits and leaves its consumer group, so that its partitions go to the rest of the
   pool; it keeps publishing telemetry, and rejoins when the breaker turns half-open
-  (the probes) or closed. Admission's capacity count alone would not divert the work:
-  records are spread over partitions, not over workers.
+  (the probes), closed, or expires. Admission's capacity count alone would not divert
+  the work: records are spread over partitions, not over workers.
+- Its consumer's session timeout is short (``session_timeout_ms``, 3 s): a SIGKILLed
+  worker's partitions move within about 5 s, and its running requests' leases have run
+  out by then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from typing import Any, Literal
 
 import psutil
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, KafkaTimeoutError
-from aiokafka.structs import ConsumerRecord
+from aiokafka.errors import KafkaError
 
 from schemas import (
     BatchLimit,
@@ -48,23 +64,23 @@ from schemas import (
 )
 from schemas.base import Message
 from schemas.requests import Priority
-from services.common.bus import (
-    commit_done,
-    dead_letter_record,
-    ensure_topics,
-    make_consumer,
-    make_producer,
-    topics_of,
-)
+from services.common.bus import commit_done, ensure_topics, make_consumer, make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.consuming import Record, retry_unavailable
 from services.common.control import ControlFollower, ControlState, isolates
+from services.common.deadletters import DeadLetters, failure_of
+from services.common.delivery import Replies, TopicDirectory, Undeliverable
+from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks
 from services.common.offsets import OffsetTracker
+from services.common.redisclient import make_redis
 from services.common.serde import DISPATCH, DecodeError, decode, encode
 from services.common.tokenizer import count_tokens
+from services.common.topics import RedisKeys
 from services.workers import metrics as m
-from services.workers.chunker import Coalescer
-from services.workers.engine.base import Engine, EngineError, EngineRequest
+from services.workers.chunker import Chunk, Coalescer
+from services.workers.claims import Busy, Claimed, Claims, Done, Held
+from services.workers.engine.base import Engine, EngineError, EngineRequest, RequestRefused
 from services.workers.engine.validate import validate_limits
 from services.workers.gpu import GpuProbe
 from services.workers.reports import gpu_stats, limits_info
@@ -74,6 +90,25 @@ log = logging.getLogger(__name__)
 
 #: vLLM's ``priority``: lower runs first.
 ENGINE_PRIORITY = {Priority.VIP: 0, Priority.STANDARD: 1, Priority.BULK: 2}
+CLAIM_MARGIN_S = 60.0
+"""A claim outlives its request's deadline by this much."""
+
+
+class _Retry(Exception):
+    """The broker or Redis failed mid-generation: this generation is given up, and the
+    request is claimed and generated again after a backoff."""
+
+
+class _Run:
+    """A request this worker runs: its serving task's claim and the extra deliveries of
+    the same request that wait for it (``(partition, offset)``)."""
+
+    def __init__(self) -> None:
+        self.held: Held | None = None
+        self.engine_request_id: str | None = None
+        self.lost = False
+        """Its lease ran out and another worker took the request over."""
+        self.joined: list[tuple[TopicPartition, int]] = []
 
 
 def prompt_text(d: DispatchedRequest) -> str:
@@ -137,11 +172,27 @@ class Worker(Component):
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self.control = ControlState(clock)
         self._follower = ControlFollower(
-            settings, self.topics.control, self.control, self._on_control
+            settings,
+            self.topics.control,
+            self.control,
+            self._on_control,
+            on_expire=self._on_control,
         )
         self._producer = make_producer(settings)
+        self._dead_letters = DeadLetters(
+            self._producer, self.topics.deadletter, f"worker:{self.worker_id}", clock
+        )
+        self._replies = Replies(
+            self._producer, self.topics, TopicDirectory(self._producer, clock=clock)
+        )
+        self._redis = make_redis(settings)
+        self.claims = Claims(
+            self._redis, RedisKeys(settings.redis_prefix), self.worker_id, settings.claim_lease_s
+        )
         self._consumer: AIOKafkaConsumer | None = None
         self._requests: dict[str, asyncio.Task[Any]] = {}
+        self._runs: dict[str, _Run] = {}
+        """Request id → the run of it in hand."""
         self._capacity = asyncio.Condition()
         self._draining = False
         self._isolated = False
@@ -153,8 +204,8 @@ class Worker(Component):
         self.started_at = clock.time()
         self._fetcher: asyncio.Task[Any] | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        """Commit and telemetry loops: they run through the drain, then stop before what
-        they use is closed."""
+        """Commit, lease and telemetry loops: they run through the drain, then stop
+        before what they use is closed."""
 
     # -- lifecycle -------------------------------------------------------------
     async def on_start(self) -> None:
@@ -170,6 +221,8 @@ class Worker(Component):
         self._consumer = make_consumer(
             self.settings,
             group_id=f"{self.settings.topic_prefix}seawall.workers.{self.settings.pool}",
+            session_timeout_ms=self.settings.session_timeout_ms,
+            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
         )
         self._consumer.subscribe(
             [self.topics.dispatch(self.settings.pool)], listener=_Rebalance(self)
@@ -179,7 +232,9 @@ class Worker(Component):
         self._fetcher = self.spawn(self._fetch_loop(), "fetch")
         self._background = {
             self.spawn(self._commit_loop(), "commit"),
+            self.spawn(self._lease_loop(), "leases"),
             self.spawn(self._telemetry_loop(), "telemetry"),
+            self.spawn(self._watch(self._follower), "watch:control"),
         }
         log.info(
             "worker serving",
@@ -189,8 +244,14 @@ class Worker(Component):
                 "engine": self.engine.name,
                 "batch_limit": self.batch_limit,
                 "max_num_seqs": limits.max_num_seqs,
+                "max_model_len": limits.max_model_len,
             },
         )
+
+    @staticmethod
+    async def _watch(part: Component) -> None:
+        await part.failed.wait()
+        raise RuntimeError(f"{part.name} failed") from part.failure
 
     async def on_stop(self) -> None:
         self._status = "draining"
@@ -225,28 +286,36 @@ class Worker(Component):
                 await self._consumer.stop()
             await self._follower.stop()
             await self._producer.stop()
+            await self._redis.aclose()
             await self.engine.stop()
             self.probe.close()
 
     # -- control ---------------------------------------------------------------
     def _on_control(self, event: ControlEvent) -> None:
-        if isinstance(event, BatchLimit) and event.worker_id == self.worker_id:
-            self.set_batch_limit(event.limit)
-        if isinstance(event, BreakerState) and event.scope == f"worker:{self.worker_id}":
-            self._isolated = self.settings.leave_group_when_isolated and isolates(event)
-            self.spawn(self._notify_capacity(), "notify")  # the fetch loop acts on it
-        if (
-            isinstance(event, BreakerState)
-            and event.scope == f"worker:{self.worker_id}"
-            and event.level >= BreakerLevel.EMERGENCY
-            and event.issued_at > self.started_at  # an order for an earlier incarnation
-        ):
-            log.error(
-                "emergency restart ordered by the controller",
-                extra={"reason": event.evidence.reason},
+        """A decision changed or expired: apply what is in force now (level-triggered)."""
+        scope = f"worker:{self.worker_id}"
+        if isinstance(event, BatchLimit) and event.scope == scope:
+            current = self.control.get(BatchLimit, scope)
+            self.set_batch_limit(self.settings.batch_limit if current is None else current.limit)
+        if isinstance(event, BreakerState) and event.scope == scope:
+            breaker = self.control.get(BreakerState, scope)
+            self._isolated = (
+                self.settings.leave_group_when_isolated
+                and breaker is not None
+                and isolates(breaker)
             )
-            self.failure = RuntimeError("emergency restart ordered by the controller")
-            self.failed.set()
+            self.spawn(self._notify_capacity(), "notify")  # the fetch loop acts on it
+            if (
+                breaker is event
+                and event.level >= BreakerLevel.EMERGENCY
+                and event.issued_at > self.started_at  # an order for an earlier incarnation
+            ):
+                log.error(
+                    "emergency restart ordered by the controller",
+                    extra={"reason": event.evidence.reason},
+                )
+                self.failure = RuntimeError("emergency restart ordered by the controller")
+                self.failed.set()
 
     def set_batch_limit(self, limit: int) -> None:
         new = max(1, min(limit, self.engine.limits.max_num_seqs))
@@ -273,6 +342,7 @@ class Worker(Component):
     async def _fetch_loop(self) -> None:
         consumer = self._consumer
         assert consumer is not None
+        backoff = Backoff()
         while not self._draining:
             async with self._capacity:
                 await self._capacity.wait_for(
@@ -290,8 +360,13 @@ class Worker(Component):
             if not self._isolated and self.stepped_aside:
                 self._rejoin(consumer)
                 continue
-            room = self.batch_limit - self.in_flight
-            batches = await consumer.getmany(timeout_ms=200, max_records=room)
+            batches = await retry_unavailable(
+                functools.partial(
+                    consumer.getmany, timeout_ms=200, max_records=self.batch_limit - self.in_flight
+                ),
+                backoff,
+                "worker-fetch",
+            )
             for tp, records in batches.items():
                 for record in records:
                     self.offsets.track(tp, record.offset)
@@ -320,41 +395,59 @@ class Worker(Component):
         self.stepped_aside = False
         m.STEPPED_ASIDE.set(0)
 
-    async def _serve(
-        self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes], key: str
-    ) -> None:
+    async def _serve(self, tp: TopicPartition, record: Record, key: str) -> None:
+        """Settle one record: its request answered (or joined to the run of it in hand,
+        or dead-lettered); then its offset may be committed."""
+        rid: str | None = None
+        run: _Run | None = None
         try:
             try:
                 dispatched = decode(DISPATCH, record.value)
             except DecodeError as e:
                 m.REQUESTS.labels("dead_letter").inc()
-                await dead_letter_record(
-                    self._producer,
-                    self.topics,
-                    record,
-                    e,
-                    service=f"worker:{self.worker_id}",
-                    clock=self.clock,
-                )
+                await self._dead_letters.record(record, e)
             else:
-                try:
-                    await self._answer(dispatched, record)
-                except EngineError as e:
-                    # Not this request's fault: leave it uncommitted for the group and
-                    # exit, so that a fresh engine replaces the broken one.
-                    log.error("engine failed", extra={"error": str(e)})
-                    self.failure = e
-                    self.failed.set()
+                rid = dispatched.request.request_id
+                if rid in self._runs:  # redelivered while this worker runs it
+                    m.REQUESTS.labels("joined").inc()
+                    self._runs[rid].joined.append((tp, record.offset))
+                    rid = None  # not this task's run
                     return
+                run = self._runs[rid] = _Run()
+                try:
+                    await self._handle(dispatched, record, run)
+                except EngineError:
+                    raise
+                except Exception as e:  # the request's own failure: answered, never fatal
+                    await self._answer_failure(dispatched, record, e)
             self.offsets.done(tp, record.offset)
+            for joined in run.joined if run is not None else ():
+                self.offsets.done(*joined)
+        except EngineError as e:
+            # Not this request's fault: leave it uncommitted for the group and exit, so
+            # that a fresh engine replaces the broken one.
+            log.error("engine failed", extra={"error": str(e)})
+            self.failure = e
+            self.failed.set()
         finally:
+            if rid is not None:
+                self._runs.pop(rid, None)
+            if run is not None and run.held is not None and not run.lost:
+                # Cut short (draining, the engine failed): the next owner need not wait
+                # for the lease to run out.
+                self._spawn_release(run.held)
             self._requests.pop(key, None)
             m.IN_FLIGHT.set(self.in_flight)
             async with self._capacity:
                 self._capacity.notify_all()
 
-    async def _answer(self, d: DispatchedRequest, record: ConsumerRecord[bytes, bytes]) -> None:
+    async def _handle(self, d: DispatchedRequest, record: Record, run: _Run) -> None:
         req = d.request
+        self._replies.check_name(req.reply_to)
+        if not await retry_unavailable(
+            lambda: self._replies.directory.exists(req.reply_to), Backoff(), "worker-reply"
+        ):
+            await self._replies.check(req.reply_to)  # raises Undeliverable, counted
         started = self.clock.time()
         if req.expired(started):
             reply = self._reply(
@@ -363,7 +456,7 @@ class Worker(Component):
                 ReasonCode.DEADLINE_EXCEEDED,
                 message="the deadline passed before a worker could start",
             )
-            await self._finish(d, record, started, None, reply)
+            await self._finish(d, started, None, reply, run)
             return
         if d.degradation.static_reply:
             text = self.settings.static_reply
@@ -375,11 +468,71 @@ class Worker(Component):
                 completion_tokens=count_tokens(text),
                 finish_reason="stop",
             )
-            await self._finish(d, record, started, None, reply)
+            await self._finish(d, started, None, reply, run)
             return
+        backoff = Backoff()
+        while True:
+            claim = await self._claim(d)
+            if isinstance(claim, Done):
+                m.REQUESTS.labels("already_answered").inc()
+                return
+            if isinstance(claim, Busy):
+                # Alive elsewhere (its partition moved): wait for that worker, or for its
+                # lease to run out.
+                await asyncio.sleep(min(max(claim.retry_in_s, 0.05), self.settings.claim_lease_s))
+                continue
+            if claim.attempts:
+                run.held = Held(req.tenant, req.request_id, claim.generation)
+            if claim.attempts > self.settings.max_attempts:
+                m.REQUESTS.labels("too_many_attempts").inc()
+                reply = self._reply(
+                    req.request_id,
+                    ReplyStatus.ERROR,
+                    ReasonCode.ENGINE_ERROR,
+                    code="too_many_attempts",
+                    message=f"the request was started {claim.attempts - 1} times, and each "
+                    "time its worker failed",
+                    generation=claim.generation,
+                )
+                await self._finish(d, started, None, reply, run)
+                return
+            try:
+                await self._generate(d, run, claim.generation)
+                return
+            except _Retry as e:
+                log.warning(
+                    "generation given up; trying again",
+                    extra={"request_id": req.request_id, "error": repr(e.__cause__)[:200]},
+                )
+                if run.held is not None:
+                    self._spawn_release(run.held)
+                run.held, run.lost = None, False
+                await backoff.wait()
+
+    async def _claim(self, d: DispatchedRequest) -> Claimed | Busy | Done:
+        """Claim the request; without Redis, an unclaimed generation from the local
+        clock (``attempts`` 0)."""
+        req = d.request
+        now = self.clock.time()
+        if req.deadline_at is not None:
+            ttl_s = max(0.0, req.deadline_at - now) + CLAIM_MARGIN_S
+        else:
+            ttl_s = 3600.0
+        try:
+            return await self.claims.claim(req.tenant, req.request_id, ttl_s)
+        except Exception as e:
+            if not is_infrastructure(e):
+                raise
+            m.CLAIMS_UNAVAILABLE.inc()
+            log.warning("claims unavailable; generating unclaimed", extra={"error": repr(e)[:200]})
+            return Claimed(int(now * 1_000_000), 0)
+
+    async def _generate(self, d: DispatchedRequest, run: _Run, generation: int) -> None:
+        req = d.request
+        started = self.clock.time()
         prompt = prompt_text(d)
         engine_request = EngineRequest(
-            request_id=f"{req.request_id}#{d.attempt}",
+            request_id=f"{req.request_id}#{generation}",
             prompt=prompt,
             prompt_tokens=count_tokens(prompt),
             max_tokens=max_output_tokens(d),
@@ -389,12 +542,32 @@ class Worker(Component):
             priority=ENGINE_PRIORITY[req.priority],
             seed=req.sampling.seed,
         )
+        run.engine_request_id = engine_request.request_id
         coalescer = Coalescer(self.settings.chunk_max_tokens, self.settings.chunk_max_interval_s)
         sends: list[asyncio.Future[Any]] = []
         parts: list[str] = []
         ttft: float | None = None
         finish_reason = None
         prompt_tokens, completion_tokens = engine_request.prompt_tokens, 0
+
+        async def send_chunk(chunk: Chunk) -> None:
+            msg = ReplyChunk(
+                request_id=req.request_id,
+                seq=chunk.seq,
+                text=chunk.text,
+                tokens=chunk.tokens,
+                worker_id=self.worker_id,
+                generation=generation,
+            )
+            try:
+                sends.append(await self._replies.send(req.reply_to, msg, req.request_id))
+            except Exception as e:
+                if is_infrastructure(e):
+                    await self.engine.abort(engine_request.request_id)
+                    raise _Retry from e
+                raise
+            m.CHUNKS.inc()
+
         async for out in self.engine.generate(engine_request):
             now = self.clock.time()
             if ttft is None and out.new_tokens:
@@ -405,14 +578,21 @@ class Worker(Component):
             if req.stream:
                 chunk = coalescer.add(out.text, out.new_tokens, now)
                 if chunk is not None:
-                    sends.append(await self._send_chunk(req.reply_to, req.request_id, chunk))
+                    await send_chunk(chunk)
             if out.finished:
                 finish_reason = out.finish_reason
+        if run.lost:
+            m.REQUESTS.labels("taken_over").inc()
+            return  # the new owner's generation answers it
         if req.stream:
             tail = coalescer.flush()
             if tail is not None:
-                sends.append(await self._send_chunk(req.reply_to, req.request_id, tail))
-        await asyncio.gather(*sends)
+                await send_chunk(tail)
+        for ack in await asyncio.gather(*sends, return_exceptions=True):
+            if isinstance(ack, BaseException):
+                if is_infrastructure(ack):
+                    raise _Retry from ack
+                raise ack
         reason = degraded_reason(d)
         if finish_reason == "error":
             status, reason = ReplyStatus.ERROR, ReasonCode.ENGINE_ERROR
@@ -427,8 +607,9 @@ class Worker(Component):
             completion_tokens=completion_tokens,
             finish_reason=finish_reason,
             chunks=coalescer.chunks_sent,
+            generation=generation,
         )
-        await self._finish(d, record, started, ttft, reply)
+        await self._finish(d, started, ttft, reply, run)
 
     def _reply(
         self, request_id: str, status: ReplyStatus, reason: ReasonCode, **fields: Any
@@ -442,45 +623,32 @@ class Worker(Component):
             **fields,
         )
 
-    async def _send_chunk(self, topic: str, request_id: str, chunk: Any) -> asyncio.Future[Any]:
-        m.CHUNKS.inc()
-        msg = ReplyChunk(
-            request_id=request_id,
-            seq=chunk.seq,
-            text=chunk.text,
-            tokens=chunk.tokens,
-            worker_id=self.worker_id,
-        )
-        fut: asyncio.Future[Any] = await self._producer.send(
-            topic, encode(msg), key=request_id.encode()
-        )
-        return fut
+    async def _deliver(self, topic: str, message: InferenceReply, key: str) -> None:
+        await (await self._replies.send(topic, message, key))
 
     async def _finish(
         self,
         d: DispatchedRequest,
-        record: ConsumerRecord[bytes, bytes],
         started: float,
         ttft: float | None,
         reply: InferenceReply,
+        run: _Run,
     ) -> None:
-        """Send the terminal reply and wait for the broker's ack; then telemetry."""
+        """Send the terminal reply and wait for the broker's ack (again after a backoff
+        while the broker is unavailable); mark the claim done; then telemetry."""
         req = d.request
-        try:
-            await self._producer.send_and_wait(
-                req.reply_to, encode(reply), key=req.request_id.encode()
-            )
-        except KafkaTimeoutError:
-            # The reply topic does not exist (or the broker is gone: then this fails too,
-            # and the worker restarts). Keep the request where an operator can see it.
-            await dead_letter_record(
-                self._producer,
-                self.topics,
-                record,
-                DecodeError("reply_topic_unreachable", f"could not deliver to {req.reply_to!r}"),
-                service=f"worker:{self.worker_id}",
-                clock=self.clock,
-            )
+        await retry_unavailable(
+            lambda: self._deliver(req.reply_to, reply, req.request_id), Backoff(), "worker-reply"
+        )
+        if run.held is not None:
+            ttl_s = max(0.0, (req.deadline_at or 0.0) - self.clock.time()) + CLAIM_MARGIN_S
+            try:
+                await self.claims.done(run.held, ttl_s)
+            except Exception as e:
+                if not is_infrastructure(e):
+                    raise
+                log.warning("could not mark a request done", extra={"error": repr(e)[:200]})
+            run.held = None  # nothing left to release
         latency = max(0.0, reply.completed_at - started)
         m.REQUESTS.labels(reply.status.value).inc()
         m.LATENCY.observe(latency)
@@ -504,6 +672,77 @@ class Worker(Component):
             )
         )
 
+    async def _answer_failure(
+        self, d: DispatchedRequest, record: Record, error: BaseException
+    ) -> None:
+        """A request that failed on its own account: an ``error`` reply (the engine
+        refused it, or processing it failed), else — its reply topic is unusable — a
+        dead letter."""
+        req = d.request
+        if isinstance(error, RequestRefused):
+            m.REQUESTS.labels("refused").inc()
+            code, message = "engine_refused", str(error)[:512]
+        else:
+            code, message = failure_of(error)
+        if not isinstance(error, Undeliverable):
+            log.warning(
+                "a request failed on its own account",
+                extra={"request_id": req.request_id, "error": type(error).__name__},
+            )
+            reply = self._reply(
+                req.request_id,
+                ReplyStatus.ERROR,
+                ReasonCode.INVALID_REQUEST,
+                code=code,
+                message=message,
+            )
+            try:
+                await retry_unavailable(
+                    lambda: self._deliver(req.reply_to, reply, req.request_id),
+                    Backoff(),
+                    "worker-reply",
+                )
+                return
+            except Exception as e:
+                if is_infrastructure(e):
+                    raise
+                error = e
+        m.REQUESTS.labels("dead_letter").inc()
+        await self._dead_letters.record(record, error)
+
+    # -- claims ----------------------------------------------------------------
+    async def _lease_loop(self) -> None:
+        """Renew the leases of the requests in hand; a lease found taken over (it ran
+        out, another worker generates the request now) aborts this worker's run."""
+        every = self.settings.claim_lease_s / 3
+        while True:
+            await asyncio.sleep(every)
+            runs = [r for r in self._runs.values() if r.held is not None and not r.lost]
+            if not runs:
+                continue
+            try:
+                still = await self.claims.renew([r.held for r in runs if r.held is not None])
+            except Exception as e:
+                if not is_infrastructure(e):
+                    raise
+                log.warning("could not renew leases", extra={"error": repr(e)[:200]})
+                continue
+            for run, ours in zip(runs, still, strict=True):
+                if not ours and not run.lost:
+                    run.lost = True
+                    log.warning("lease lost: another worker took the request over")
+                    if run.engine_request_id is not None:
+                        await self.engine.abort(run.engine_request_id)
+
+    def _spawn_release(self, held: Held) -> None:
+        self.spawn(self._release(held), "release")
+
+    async def _release(self, held: Held) -> None:
+        try:
+            await self.claims.release(held)
+        except Exception as e:  # a courtesy: the lease runs out by itself anyway
+            log.info("could not release a claim", extra={"error": repr(e)[:200]})
+
     # -- commits ---------------------------------------------------------------
     async def commit_done(self) -> None:
         if self._consumer is not None:
@@ -516,11 +755,18 @@ class Worker(Component):
 
     # -- telemetry -------------------------------------------------------------
     async def _publish(self, message: Message) -> None:
-        # Keyed by pool: the partition of the controller instance that decides for the
-        # pool (and still one partition per worker: its records stay in order).
-        await self._producer.send(
-            self.topics.telemetry, encode(message), key=self.settings.pool.encode()
-        )
+        """Queue a telemetry record (not awaited for its ack: telemetry is a stream of
+        samples, and a lost one is superseded by the next). Keyed by pool: the
+        partition of the controller instance that decides for the pool (and still one
+        partition per worker: its records stay in order)."""
+        try:
+            await self._producer.send(
+                self.topics.telemetry, encode(message), key=self.settings.pool.encode()
+            )
+        except Exception as e:
+            if not is_infrastructure(e):
+                raise
+            m.TELEMETRY_DROPPED.inc()
 
     async def _telemetry_loop(self) -> None:
         psutil.cpu_percent()  # the first call only sets the baseline

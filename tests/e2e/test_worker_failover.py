@@ -28,6 +28,8 @@ def spawn_worker(settings: CommonSettings, name: str, log: Path) -> subprocess.P
         SEAWALL_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
         SEAWALL_KAFKA_IDEMPOTENCE=str(settings.kafka_idempotence).lower(),
         SEAWALL_TOPIC_PREFIX=settings.topic_prefix,
+        SEAWALL_REDIS_URL=settings.redis_url,
+        SEAWALL_REDIS_PREFIX=settings.redis_prefix,
         SEAWALL_INSTANCE_ID=name,
         SEAWALL_BATCH_LIMIT="4",
         SEAWALL_SIM_TIME_SCALE="1.0",

@@ -76,7 +76,14 @@ class EngineSnapshot:
 
 
 class EngineError(RuntimeError):
-    """The engine failed a request or stopped; the worker turns it into an error reply."""
+    """The engine itself failed (crashed, stopped, unreachable): the worker exits, so
+    that a fresh engine replaces it, and its requests go to the rest of the pool."""
+
+
+class RequestRefused(ValueError):
+    """The engine will not run this one request (a prompt longer than its context,
+    parameters it does not take): the worker answers the request with an error and
+    carries on. The message never quotes the prompt."""
 
 
 @runtime_checkable
@@ -90,7 +97,8 @@ class Engine(Protocol):
     async def stop(self) -> None: ...
 
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        """Stream deltas; the last one has ``finished=True``. Raises ``EngineError``."""
+        """Stream deltas; the last one has ``finished=True``. Raises ``RequestRefused``
+        for a request it will not run, ``EngineError`` when it fails itself."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -30,6 +30,7 @@ from services.workers.engine.base import (
     EngineOutput,
     EngineRequest,
     EngineSnapshot,
+    RequestRefused,
 )
 from services.workers.engine.vllm_engine import map_finish_reason
 
@@ -125,17 +126,22 @@ class CompletionStream:
         self._finish_reason: str | None = None
         self._tail_text = ""
         self._tail_tokens = 0
+        self._error: str | None = None
 
     @property
     def completion_tokens(self) -> int:
         return self._completion_tokens
 
     def feed(self, chunk: Mapping[str, Any]) -> EngineOutput | None:
-        """One parsed ``data:`` payload; returns the delta to emit, if any."""
+        """One parsed ``data:`` payload; returns the delta to emit, if any. An error
+        payload ends the request with ``finish_reason="error"`` (the server failed this
+        request; restarting the worker would not mend a separately running server)."""
+        if self._error is not None:
+            return None
         if "error" in chunk:
-            raise EngineError(
-                f"request {self._request.request_id}: server error: {_error_text(chunk)}"
-            )
+            self._error = f"server error: {_error_text(chunk)}"[:500]
+            self._finish_reason = "error"
+            return None
         usage = chunk.get("usage")
         counted = self._completion_tokens + self._tail_tokens
         if isinstance(usage, dict):
@@ -181,10 +187,14 @@ class CompletionStream:
             finish_reason=map_finish_reason(self._finish_reason),
             prompt_tokens=self._prompt_tokens,
             completion_tokens=self._completion_tokens,
+            error=self._error,
         )
 
 
 _END: Final = object()
+_REFUSALS = frozenset({400, 404, 413, 422})
+"""HTTP statuses that refuse the request itself (vLLM answers 400 for a prompt longer
+than its context); any other error is the server's."""
 
 
 class OpenAIHttpEngine:
@@ -258,7 +268,7 @@ class OpenAIHttpEngine:
                     else:
                         yield decoder.close()
                     return
-                if isinstance(item, EngineError):
+                if isinstance(item, EngineError | RequestRefused):
                     raise item
                 assert isinstance(item, dict)  # all else the pump sends is above
                 if (output := decoder.feed(item)) is not None:
@@ -333,10 +343,13 @@ class OpenAIHttpEngine:
             ) as response:
                 if response.status_code >= 400:
                     body = await response.aread()
-                    raise EngineError(
+                    text = (
                         f"request {request.request_id}: HTTP {response.status_code}: "
                         f"{_error_body_text(body)}"
                     )
+                    if response.status_code in _REFUSALS:
+                        raise RequestRefused(text)
+                    raise EngineError(text)
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue  # blank separators, comments, event names
@@ -347,7 +360,7 @@ class OpenAIHttpEngine:
                     if not isinstance(chunk, dict):
                         raise EngineError(f"request {request.request_id}: odd chunk {data[:200]}")
                     queue.put_nowait(chunk)
-        except EngineError as exc:
+        except (EngineError, RequestRefused) as exc:
             queue.put_nowait(exc)
         except (httpx.HTTPError, ValueError) as exc:
             queue.put_nowait(EngineError(f"request {request.request_id}: {exc!r}"))

@@ -37,6 +37,7 @@ from services.workers.engine.base import (
     EngineRequest,
     EngineSnapshot,
     GpuReading,
+    RequestRefused,
 )
 from services.workers.engine.sim_core import SimConfig, SimCore, StepResult
 
@@ -108,7 +109,7 @@ class SimulatedEngine:
             raise self._failure or EngineError("the simulated engine is not running")
         request_id = request.request_id
         if request_id in self._streams:
-            raise EngineError(f"request {request_id!r} is already in the engine")
+            raise RequestRefused(f"request {request_id!r} is already in the engine")
         core = self._core
         stream = _Stream(
             prompt_tokens=request.prompt_tokens or count_tokens(request.prompt),
@@ -125,7 +126,7 @@ class SimulatedEngine:
                 priority=request.priority,
             )
         except ValueError as exc:
-            raise EngineError(f"request {request_id!r} refused: {exc}") from exc
+            raise RequestRefused(f"request {request_id!r} refused: {exc}") from exc
         self._streams[request_id] = stream
         self._wake.set()
         try:

@@ -26,6 +26,7 @@ from services.workers.engine.base import (
     EngineRequest,
     EngineSnapshot,
     FinishReason,
+    RequestRefused,
 )
 
 logger = logging.getLogger(__name__)
@@ -208,9 +209,12 @@ class VllmEngine:
                     prompt_tokens=len(out.prompt_token_ids or ()) or request.prompt_tokens,
                     completion_tokens=completion_tokens,
                 )
+        except ValueError as exc:
+            # A request vLLM refuses (a prompt longer than max_model_len, a priority
+            # under the fcfs policy): this request's failure, not the engine's.
+            raise RequestRefused(f"vLLM refused request {request.request_id}: {exc}") from exc
         except Exception as exc:
-            # EngineDeadError, EngineGenerateError, and ValueError for a request vLLM
-            # refuses (prompt too long, priority under fcfs): all are the request's failure.
+            # EngineDeadError, EngineGenerateError: the engine is gone or broken.
             raise EngineError(f"vLLM request {request.request_id} failed: {exc!r}") from exc
 
     async def abort(self, request_id: str) -> None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 
+import pytest
 import redis.asyncio as aioredis
 from aiokafka import TopicPartition
 
 from schemas import DeadLetter, InferenceRequest
-from services.common.bus import ensure_topics, make_consumer, make_producer, send_dead_letter
+from schemas.deadletter import EXCERPT_BYTES
+from services.common.bus import ensure_topics, make_consumer, make_producer
+from services.common.deadletters import DeadLetters
 from services.common.serde import REQUEST, DecodeError, decode, encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
@@ -74,25 +78,27 @@ async def test_topic_creation_is_idempotent(settings: CommonSettings, topics: To
     assert await ensure_topics(settings.kafka_bootstrap, topics.specs()) == []
 
 
-async def test_dead_letters_keep_the_raw_record(settings: CommonSettings, topics: Topics) -> None:
+async def test_a_dead_letter_of_a_record_larger_than_the_producer_takes_is_sent(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    """The letter of a 900 KB record (under the broker's 1 MB limit; a whole copy with
+    the letter's envelope and base64 would be over the producer's) is an excerpt."""
     producer = make_producer(settings)
     await producer.start()
+    raw = b"\xff" + b"x" * 900_000
     try:
-        raw = b"\xff not json"
-        try:
+        with pytest.raises(DecodeError) as decoded:
             decode(REQUEST, raw)
-        except DecodeError as e:
-            await send_dead_letter(
-                producer,
-                topics,
-                source_topic=topics.ingress,
-                partition=1,
-                offset=42,
-                key=b"k",
-                raw=raw,
-                error=e,
-                service="test",
-            )
+        letters = DeadLetters(producer, topics.deadletter, "test")
+        await letters.send(
+            source_topic=topics.ingress,
+            partition=1,
+            offset=42,
+            key=b"k",
+            value=raw,
+            reason=decoded.value.reason,
+            error=decoded.value.message,
+        )
     finally:
         await producer.stop()
     consumer = make_consumer(settings, topics.deadletter, group_id=None)
@@ -100,12 +106,14 @@ async def test_dead_letters_keep_the_raw_record(settings: CommonSettings, topics
     try:
         (record,) = await _consume(consumer, 1)
         letter = DeadLetter.model_validate_json(record.value)  # type: ignore[attr-defined]
-        assert (letter.raw, letter.reason, letter.offset, letter.key) == (
-            raw,
+        assert (letter.reason, letter.offset, letter.key, letter.size) == (
             "invalid_utf8",
             42,
             b"k",
+            len(raw),
         )
+        assert letter.excerpt == raw[:EXCERPT_BYTES]
+        assert letter.sha256 == hashlib.sha256(raw).hexdigest()
     finally:
         await consumer.stop()
 

@@ -9,6 +9,7 @@ import time
 
 from schemas import DegradationLevel, Priority, Tier
 from services.admission.service import Admission
+from services.common.bus import ensure_topics
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
 from tests.admission_helpers import (
@@ -25,6 +26,8 @@ from tests.integration.controller.test_controller import control_log, controller
 async def test_controller_decisions_change_what_admission_dispatches(
     settings: CommonSettings, topics: Topics
 ) -> None:
+    replies = topics.reply("closed-loop")
+    await ensure_topics(settings.kafka_bootstrap, [topics.reply_spec("closed-loop")])
     admission = Admission(admission_settings(settings))
     # 20 % errors: past the ladder's 15 % (level 2) but under the breaker's 30 %, so the
     # worker stays in its pool and the pool stays degraded while traffic flows.
@@ -47,14 +50,14 @@ async def test_controller_decisions_change_what_admission_dispatches(
             for n in range(100_000):
                 vip = inference_request(
                     f"warm-vip-{n}",
-                    "replies",
+                    replies,
                     tenant="vip-co",
                     tier=Tier.ENTERPRISE,
                     priority=Priority.VIP,
                 )
                 await send_all(settings, topics.requests(Priority.VIP), [vip])
                 if n % 5 == 0:  # a trickle: nothing queues long behind it once diverted
-                    standard = inference_request(f"warm-{n}", "replies", tenant="std-co")
+                    standard = inference_request(f"warm-{n}", replies, tenant="std-co")
                     await send_all(settings, topics.requests(Priority.STANDARD), [standard])
                 await asyncio.sleep(0.1)
 
@@ -73,11 +76,11 @@ async def test_controller_decisions_change_what_admission_dispatches(
                 await until(applied)
                 # A long standard request is now diverted and capped; a long VIP one capped only.
                 standard = inference_request(
-                    "after-standard", "replies", tenant="late-co", max_tokens=2000
+                    "after-standard", replies, tenant="late-co", max_tokens=2000
                 )
                 vip = inference_request(
                     "after-vip",
-                    "replies",
+                    replies,
                     tenant="late-vip-co",
                     max_tokens=2000,
                     tier=Tier.ENTERPRISE,

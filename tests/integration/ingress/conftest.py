@@ -18,10 +18,10 @@ from schemas import InferenceReply, InferenceRequest, Priority, ReplyChunk, Repl
 from schemas.base import Message
 from services.common.bus import make_consumer, make_producer
 from services.common.clock import ManualClock
+from services.common.sensitive import SensitivePolicy
 from services.common.serde import REQUEST, decode, encode
 from services.common.settings import CommonSettings
 from services.common.topics import RedisKeys, Topics
-from services.ingress.filters.sensitive import SensitivePolicy
 from services.ingress.keys import DAY_S
 from services.ingress.keystore import AuditLog, KeyStore
 from services.ingress.service import IngressService

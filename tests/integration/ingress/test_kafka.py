@@ -4,6 +4,7 @@ with their key id and their own reply topic."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +29,7 @@ from schemas import (
     SamplingParams,
     Tier,
 )
+from schemas.deadletter import EXCERPT_BYTES
 from services.common.bus import make_consumer, make_producer
 from services.common.serde import encode
 from services.common.settings import CommonSettings
@@ -63,10 +66,26 @@ def record(
         priority=fields.pop("priority", Priority.BULK),
         api_key_id=api_key_id,
         prompt=prompt,
-        reply_to=topics.reply(PRODUCER),
+        reply_to=fields.pop("reply_to", topics.reply(PRODUCER)),
         created_at=time.time(),
         **fields,
     )
+
+
+NOWHERE = "nobody-home"
+
+
+def sha256(value: bytes) -> str:
+    return hashlib.sha256(value).hexdigest()
+
+
+async def list_topics(settings: CommonSettings) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
 
 
 class DeadLetters:
@@ -182,6 +201,10 @@ async def test_bad_records_are_dead_lettered_or_rejected_and_consuming_goes_on(
         encode(good).replace(
             topics.reply(PRODUCER).encode(), topics.requests(Priority.VIP).encode()
         ): "invalid_reply_to",
+        # a reply topic nobody created: refused, never created by producing to it
+        encode(record(topics, "nowhere", None, reply_to=topics.reply(NOWHERE))): (
+            "reply_topic_unreachable"
+        ),
     }
     rejected = {
         "no-key": (record(topics, "no-key", None), ReasonCode.UNAUTHENTICATED),
@@ -223,8 +246,10 @@ async def test_bad_records_are_dead_lettered_or_rejected_and_consuming_goes_on(
         producer_replies.poll,
     )
     assert sorted(d.reason for d in dead_letters.letters) == sorted(undecodable.values())
-    assert {d.raw for d in dead_letters.letters} == set(undecodable)
+    assert {d.excerpt for d in dead_letters.letters} == {u[:EXCERPT_BYTES] for u in undecodable}
+    assert {d.sha256 for d in dead_letters.letters} == {sha256(u) for u in undecodable}
     assert all(d.source_topic == topics.ingress for d in dead_letters.letters)
+    assert topics.reply(NOWHERE) not in await list_topics(settings)
     for rid, (_, reason) in rejected.items():
         (reply,) = producer_replies.terminals[rid]
         assert reply.status is ReplyStatus.REJECTED

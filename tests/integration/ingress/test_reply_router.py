@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from schemas import DeadLetter, InferenceReply, ReplyChunk, ReplyStatus
 from schemas.base import Message
 from services.common.bus import make_consumer, make_producer
+from services.common.deadletters import DeadLetters
 from services.common.replies import ReplyItem, ReplyRouter, ReplyRouterClosed
 from services.common.serde import encode
 from services.common.settings import CommonSettings
@@ -36,7 +37,8 @@ async def producer(settings: CommonSettings) -> AsyncIterator[AIOKafkaProducer]:
 async def router(
     settings: CommonSettings, topics: Topics, producer: AIOKafkaProducer
 ) -> AsyncIterator[ReplyRouter]:
-    async with ReplyRouter(settings, "sdk-1", dead_letters=producer) as r:
+    letters = DeadLetters(producer, topics.deadletter, "test")
+    async with ReplyRouter(settings, "sdk-1", dead_letters=letters) as r:
         yield r
 
 
@@ -135,7 +137,7 @@ async def test_undecodable_replies_are_dead_lettered_and_routing_goes_on(
     finally:
         await consumer.stop()
     (letter,) = letters
-    assert (letter.reason, letter.raw, letter.source_topic) == (
+    assert (letter.reason, letter.excerpt, letter.source_topic) == (
         "invalid_json",
         b"{oops",
         router.topic,

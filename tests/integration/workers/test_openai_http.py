@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.common.tokenizer import count_tokens
-from services.workers.engine.base import EngineError, EngineOutput, EngineRequest
+from services.workers.engine.base import EngineError, EngineOutput, EngineRequest, RequestRefused
 from services.workers.engine.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
 from services.workers.engine.sim_core import SimConfig, SimFaults
 from tests.integration.workers.conftest import MODEL, SimServer, eventually, serve_sim
@@ -128,21 +128,28 @@ async def test_snapshot_follows_the_servers_metrics(
     assert snapshot.prompt_tokens_total >= count_tokens(PROMPT)
 
 
-async def test_a_refused_request_is_an_engine_error(http_engine: OpenAIHttpEngine) -> None:
+async def test_a_refused_request_is_refused_not_an_engine_failure(
+    http_engine: OpenAIHttpEngine,
+) -> None:
     too_long = _request("big", max_tokens=10**6)
-    with pytest.raises(EngineError, match="HTTP 400: This model's maximum context length"):
+    with pytest.raises(RequestRefused, match="HTTP 400: This model's maximum context length"):
         await _run(http_engine, too_long)
+    outputs = await _run(http_engine, _request("after", max_tokens=3))  # still serving
+    assert outputs[-1].finish_reason == "length"
 
 
-async def test_a_failed_request_is_an_engine_error() -> None:
+async def test_a_failed_request_ends_with_finish_reason_error() -> None:
     async with serve_sim(SimConfig(faults=SimFaults(error_rate=1.0))) as server:
         engine = _engine(server)
         await engine.start()
         try:
-            with pytest.raises(EngineError, match="simulated request failure"):
-                await _run(engine, _request("doomed", max_tokens=50))
+            outputs = await _run(engine, _request("doomed", max_tokens=50))
         finally:
             await engine.stop()
+    final = outputs[-1]
+    assert (final.finished, final.finish_reason) == (True, "error")
+    assert final.error is not None
+    assert "simulated request failure" in final.error
 
 
 async def test_start_fails_clearly_without_a_server() -> None:

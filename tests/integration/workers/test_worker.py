@@ -7,8 +7,17 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
-from schemas import BatchLimit, BreakerLevel, BreakerState, DeadLetter, Evidence, ReplyStatus
+from schemas import (
+    BatchLimit,
+    BreakerLevel,
+    BreakerState,
+    DeadLetter,
+    Evidence,
+    ReasonCode,
+    ReplyStatus,
+)
 from services.common.bus import make_consumer
 from services.common.serde import encode
 from services.common.settings import CommonSettings
@@ -176,27 +185,57 @@ async def test_expired_requests_get_an_expired_reply_without_engine_time(
 async def test_a_malformed_record_is_dead_lettered_and_the_worker_carries_on(
     settings: CommonSettings, topics: Topics, worker: Worker
 ) -> None:
+    """Records no worker can use: undecodable, replies to a topic nobody created or that
+    is no reply topic (dead letters); a prompt longer than the engine's context (an
+    error reply). The worker keeps its partitions and serves what follows."""
     async with ReplyReader(settings, topics) as client:
         good = dispatched(7, client.topic)
+        nowhere = dispatched(8, topics.reply("nobody-home"))
+        foreign = dispatched(9, topics.control)
+        too_long = dispatched(10, client.topic, max_tokens=4)
+        too_long = too_long.model_copy(
+            update={"request": too_long.request.model_copy(update={"prompt": "word " * 5000})}
+        )
         await produce(
             settings,
             topics.dispatch("main"),
-            [b"{not json", b'{"type": "dispatched_request"}', good],
+            [b"{not json", b'{"type": "dispatched_request"}', nowhere, foreign, too_long, good],
         )
-        await client.wait_terminals(1)
+        await client.wait_terminals(2)
     assert client.terminals["req-7"][0].status is ReplyStatus.OK
+    (refused,) = client.terminals["req-10"]
+    assert (refused.status, refused.reason, refused.code) == (
+        ReplyStatus.ERROR,
+        ReasonCode.INVALID_REQUEST,
+        "engine_refused",
+    )
+    assert "max_model_len" in refused.message
+    assert not worker.failed.is_set()
 
     consumer = make_consumer(settings, topics.deadletter, group_id=None)
     await consumer.start()
     letters: list[DeadLetter] = []
     try:
         deadline = time.monotonic() + 20
-        while len(letters) < 2 and time.monotonic() < deadline:
+        while len(letters) < 4 and time.monotonic() < deadline:
             for records in (await consumer.getmany(timeout_ms=300)).values():
                 letters += [DeadLetter.model_validate_json(r.value) for r in records]
     finally:
         await consumer.stop()
-    assert sorted(letter.reason for letter in letters) == ["invalid_json", "schema_violation"]
-    assert {letter.raw for letter in letters} == {b"{not json", b'{"type": "dispatched_request"}'}
+    assert sorted(letter.reason for letter in letters) == [
+        "invalid_json",
+        "invalid_reply_to",
+        "reply_topic_unreachable",
+        "schema_violation",
+    ]
+    assert {b"{not json", b'{"type": "dispatched_request"}'} <= {
+        letter.excerpt for letter in letters
+    }
     assert all(letter.source_topic == topics.dispatch("main") for letter in letters)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        assert topics.reply("nobody-home") not in await admin.list_topics()
+    finally:
+        await admin.close()
     assert encode(good)  # the good record was served after the bad ones (above)

@@ -12,9 +12,11 @@ from schemas import RateLimitInfo, Tier
 from services.admission.bucket import (
     DEFAULT_TIERS,
     BucketState,
+    Group,
     Limit,
     TierConfig,
     adjust,
+    charge,
     decide,
     redis_clock,
     refill,
@@ -256,3 +258,42 @@ def test_unit_costs_count_exactly(capacity: int, rate: float, elapsed: float) ->
     # (up to the rounding of epoch-sized timestamps, 2.4e-7 s per reading).
     if capacity >= 1 + rate * elapsed / ticks:
         assert admitted >= math.floor(capacity + rate * elapsed - 1e-2)
+
+
+# -- a charge of a region's and a tenant's buckets together ------------------------------
+
+REGION = TierConfig(Tier.BASIC, Limit(2, 1.0), Limit(1.0, 1.0))
+
+
+def group(
+    cfg: TierConfig, states: list[BucketState | None], requests: float, tokens: float
+) -> Group:
+    return (states, [requests, tokens], [cfg.requests, cfg.tokens])
+
+
+@given(
+    region_spent=st.integers(0, 4),
+    tenant_spent=st.integers(0, 8),
+    tokens=st.integers(0, 1500),
+)
+def test_a_charge_spends_in_every_group_or_in_none(
+    region_spent: int, tenant_spent: int, tokens: int
+) -> None:
+    region_state: BucketState | None = None
+    for _ in range(region_spent):
+        region_state = charge([group(REGION, [region_state, None], 1, 0)], T0)[0][1][0].state
+    tenant: list[BucketState | None] = [None, None]
+    for _ in range(tenant_spent):
+        _, takes = charge([group(PRO, tenant, 1, 10)], T0)[0]
+        tenant = [t.state for t in takes]
+    (r_out, r_takes), (t_out, t_takes) = charge(
+        [group(REGION, [region_state, None], 1, 0), group(PRO, tenant, 1, tokens)], T0
+    )
+    alone_region, _ = charge([group(REGION, [region_state, None], 1, 0)], T0)[0]
+    alone_tenant, _ = charge([group(PRO, tenant, 1, tokens)], T0)[0]
+    assert (r_out, t_out) == (alone_region, alone_tenant)  # each group judged as itself
+    spent = r_out != "reject" and t_out != "reject"
+    before_r = refill(region_state, T0, REGION.requests)
+    before_t = refill(tenant[0], T0, PRO.requests)
+    assert (r_takes[0].state.tokens < before_r.tokens) == spent  # the region paid, or not
+    assert (t_takes[0].state != before_t) == spent  # the tenant paid, or not

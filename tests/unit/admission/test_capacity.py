@@ -281,3 +281,17 @@ def test_observe_reads_each_kind_of_telemetry() -> None:
     assert cap.view("main", now=0.6) == PoolView(workers=1, slots=8, in_pool=3, free=5)
     cap.observe(completed("w1", "r1"), now=0.7)  # the ledger's and a reported slot
     assert cap.view("main", now=0.7) == PoolView(workers=1, slots=8, in_pool=1, free=7)
+
+
+def test_a_pools_context_length_is_the_smallest_its_live_workers_report() -> None:
+    cap = fleet(timeout_s=10.0)
+    assert cap.model_lens(now=0.0) == {}
+    cap.observe(engine_stats("w1", "main", 8, max_model_len=4096), now=0.0)
+    cap.observe(engine_stats("w2", "main", 8, max_model_len=2048), now=1.0)
+    cap.observe(engine_stats("s1", "small", 8), now=1.0)  # an engine that does not say
+    assert cap.model_lens(now=1.0) == {"main": 2048}
+    cap.observe(engine_stats("w1", "main", 8, max_model_len=4096), now=8.0)
+    # w2 fell silent: what is left of the pool can run 4096
+    assert cap.model_lens(now=12.0) == {"main": 4096}
+    cap.observe(heartbeat("w1", "main", status="draining"), now=12.0)
+    assert cap.model_lens(now=12.0) == {}

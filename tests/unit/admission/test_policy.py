@@ -397,7 +397,7 @@ def test_redis_down_policy_per_tier(tier: Tier, verdict: str) -> None:
     assert got.reserved_tokens == 0  # nothing was charged, nothing to correct
 
 
-def test_a_region_refusal_comes_first_and_its_tenant_is_not_needed() -> None:
+def test_a_region_refusal_comes_first_whatever_its_tenant_could_pay() -> None:
     req = request(region="eu")
     screened = policy().screen(req, Priority.STANDARD, control(throttle("eu", 1.0)), NOW)
     assert isinstance(screened, Screened)
@@ -406,13 +406,13 @@ def test_a_region_refusal_comes_first_and_its_tenant_is_not_needed() -> None:
     region = None
     for _ in range(2):
         region, states = decide(screened.region.config, states, NOW, 1, 0)  # type: ignore[assignment]
-    got = policy().judge(req, Priority.STANDARD, screened, NOW, None, region)
+    tenant, _ = decide(screened.tenant.config, {}, NOW, 1, screened.tenant.tokens)
+    assert tenant.allowed
+    got = policy().judge(req, Priority.STANDARD, screened, NOW, tenant, region)
     assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.REGION_THROTTLED)
     assert isinstance(got, Reply)
     assert got.reply.rate_limit is not None
     assert got.reply.rate_limit.limit == 1
-    with pytest.raises(ValueError, match="tenant decision"):
-        policy().judge(req, Priority.STANDARD, screened, NOW, None, None)
 
 
 # -- release at dispatch ---------------------------------------------------------------
@@ -702,3 +702,44 @@ def test_a_workers_breaker_isolates_it_or_leaves_it_a_share(
         evidence=Evidence(reason="test"),
     )
     assert worker_share(event, rate_limit_factor=0.5) == share
+
+
+# -- the engine's context length ---------------------------------------------------------
+
+
+@given(max_tokens=st.integers(1, 32_768), model_len=st.integers(16, 40_000))
+def test_a_request_longer_than_the_pools_context_is_refused_before_any_charge(
+    max_tokens: int, model_len: int
+) -> None:
+    req = request(max_tokens=max_tokens)  # "hello world": 2 prompt tokens
+    got = policy().screen(req, Priority.STANDARD, control(), NOW, {"main": model_len})
+    if 2 + max_tokens > model_len:
+        assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.INVALID_REQUEST)
+        assert isinstance(got, Reply)
+        assert got.reply.code == "context_length_exceeded"
+        assert str(model_len) in got.reply.message
+    else:
+        assert isinstance(got, Screened)
+
+
+def test_an_unknown_context_length_refuses_nothing() -> None:
+    req = request(max_tokens=32_768)
+    assert isinstance(policy().screen(req, Priority.STANDARD, control(), NOW), Screened)
+    lens = {"small": 100}  # another pool's limit says nothing of main's
+    assert isinstance(policy().screen(req, Priority.STANDARD, control(), NOW, lens), Screened)
+
+
+def test_the_ladder_does_not_divert_what_the_small_pool_cannot_run() -> None:
+    ctl = control(degradation("pool:main", 1))
+    lens = {"main": 4096, "small": 1024}
+    short, long = request(max_tokens=500), request(max_tokens=2000)
+    short_got = policy().release(short, Priority.STANDARD, accepted(), ctl, NOW, model_lens=lens)
+    long_got = policy().release(long, Priority.STANDARD, accepted(), ctl, NOW, model_lens=lens)
+    assert isinstance(short_got, Admit)
+    assert isinstance(long_got, Admit)
+    assert (short_got.dispatch.pool, short_got.reason) == (
+        "small",
+        ReasonCode.DEGRADED_SMALL_MODEL,
+    )
+    assert (long_got.dispatch.pool, long_got.reason) == ("main", ReasonCode.NONE)
+    assert long_got.dispatch.degradation.diverted_from is None

@@ -2,19 +2,24 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
-from schemas import BatchLimit, DegradationLevel, Evidence
+from schemas import BatchLimit, BreakerState, DegradationLevel, Evidence
 from services.common.clock import ManualClock
-from services.common.control import ControlState
+from services.common.control import ControlState, in_force
 
 EVIDENCE = Evidence(reason="test")
+T0 = ManualClock().time()
 
 
-def limit(seq: int, value: int, worker: str = "w1") -> BatchLimit:
+def limit(
+    seq: int, value: int, worker: str = "w1", issued_at: float = T0, valid_for_s: float = 60.0
+) -> BatchLimit:
     return BatchLimit(
         scope=f"worker:{worker}",
         seq=seq,
-        issued_at=1.0,
+        issued_at=issued_at,
+        valid_for_s=valid_for_s,
         worker_id=worker,
         limit=value,
         evidence=EVIDENCE,
@@ -36,7 +41,7 @@ def test_kinds_and_scopes_are_separate() -> None:
     state.apply(limit(5, 16, "w1"))
     state.apply(limit(1, 64, "w2"))
     state.apply(
-        DegradationLevel(scope="worker:w1", seq=1, issued_at=1.0, level=2, evidence=EVIDENCE)
+        DegradationLevel(scope="worker:w1", seq=1, issued_at=T0, level=2, evidence=EVIDENCE)
     )
     assert {e.limit for e in state.all(BatchLimit)} == {16, 64}
     assert state.get(DegradationLevel, "worker:w1") is not None
@@ -62,3 +67,54 @@ def test_any_delivery_order_converges_on_the_highest_sequence(order: list[int]) 
     got = state.get(BatchLimit, "worker:w1")
     assert got is not None
     assert got.seq == 29
+
+
+def expired_count(kind: str) -> float:
+    return REGISTRY.get_sample_value("seawall_control_expired_total", {"kind": kind}) or 0.0
+
+
+def test_a_decision_expires_once_valid_for_s_has_passed_without_a_republication() -> None:
+    clock = ManualClock()
+    state = ControlState(clock)
+    state.apply(limit(1, 8, valid_for_s=10))
+    clock.advance(9.9)
+    assert state.get(BatchLimit, "worker:w1") is not None
+    assert state.expire() == []
+    clock.advance(0.1)  # issued_at + valid_for_s itself is past
+    assert state.get(BatchLimit, "worker:w1") is None  # the default applies again
+    assert state.all(BatchLimit) == []
+    before = expired_count("batch_limit")
+    gone = state.expire()
+    assert [e.seq for e in gone] == [1]
+    assert expired_count("batch_limit") == before + 1
+    assert state.expire() == []  # counted once
+
+
+def test_a_republication_extends_the_decision_and_nothing_older_returns() -> None:
+    clock = ManualClock()
+    state = ControlState(clock)
+    state.apply(limit(1, 8, valid_for_s=10))
+    clock.advance(8)
+    # re-published: same issued_at, a new seq, a longer valid_for_s
+    assert state.apply(limit(2, 8, valid_for_s=20))
+    clock.advance(5)
+    assert state.get(BatchLimit, "worker:w1") is not None
+    clock.advance(10)
+    assert [e.seq for e in state.expire()] == [2]
+    assert not state.apply(limit(1, 8, valid_for_s=10))  # a late duplicate stays out
+    assert state.apply(limit(3, 4, issued_at=clock.time()))  # a fresh decision is taken
+    got = state.get(BatchLimit, "worker:w1")
+    assert got is not None
+    assert got.limit == 4
+
+
+def test_the_cli_view_keeps_expired_decisions() -> None:
+    clock = ManualClock()
+    state = ControlState(clock, in_force_only=False)
+    breaker = BreakerState(
+        scope="pool:main", seq=1, issued_at=T0, state="open", valid_for_s=1, evidence=EVIDENCE
+    )
+    state.apply(breaker)
+    clock.advance(5)
+    assert not in_force(breaker, clock.time())
+    assert state.get(BreakerState, "pool:main") == breaker

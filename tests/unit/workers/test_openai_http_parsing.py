@@ -145,10 +145,16 @@ def test_final_usage_corrects_the_simple_count() -> None:
     assert sum(o.new_tokens for o in outputs) == final.completion_tokens
 
 
-def test_an_error_chunk_is_an_engine_error() -> None:
+def test_an_error_chunk_ends_the_request_with_finish_reason_error() -> None:
     stream = CompletionStream(REQUEST)
-    with pytest.raises(EngineError, match="KV load failed"):
-        stream.feed({"error": {"message": "KV load failed", "type": "InternalServerError"}})
+    assert stream.feed(_chunk("a")) is not None
+    error = {"error": {"message": "KV load failed", "type": "InternalServerError"}}
+    assert stream.feed(error) is None
+    assert stream.feed(_chunk("b")) is None  # nothing after the error counts
+    final = stream.close()
+    assert (final.finished, final.finish_reason) == (True, "error")
+    assert final.error is not None
+    assert "KV load failed" in final.error
 
 
 def test_a_stream_without_finish_reason_is_an_engine_error() -> None:

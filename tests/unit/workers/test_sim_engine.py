@@ -9,7 +9,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.common.tokenizer import count_tokens
-from services.workers.engine.base import Engine, EngineError, EngineOutput, EngineRequest
+from services.workers.engine.base import (
+    Engine,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    RequestRefused,
+)
 from services.workers.engine.sim import SimulatedEngine
 from services.workers.engine.sim_core import SimConfig, SimFaults
 
@@ -162,15 +168,18 @@ async def test_an_idle_engine_waits_without_spinning() -> None:
         assert time.now > before
 
 
-async def test_refused_requests_raise_engine_error() -> None:
+async def test_refused_requests_raise_request_refused_and_the_engine_carries_on() -> None:
     async with started() as (engine, _):
-        with pytest.raises(EngineError, match="refused"):
+        with pytest.raises(RequestRefused, match="refused") as refused:
             await collect(engine, EngineRequest("long", "x", 5000, 10))
+        assert not isinstance(refused.value, EngineError)  # the worker must not exit on it
         stream = engine.generate(request(max_tokens=100))
         await anext(stream)
-        with pytest.raises(EngineError, match="already"):
+        with pytest.raises(RequestRefused, match="already"):
             await collect(engine, request(max_tokens=1))
         await stream.aclose()
+        outputs = await collect(engine, request(max_tokens=3))  # still serving
+        assert outputs[-1].finished
 
 
 async def test_a_failed_request_ends_with_finish_reason_error() -> None:

@@ -1,12 +1,16 @@
-"""Sensitive-data detection in prompts: find, then block or redact (DESIGN, "Pre-filter").
+"""Sensitive-data detection: find, then block or redact (DESIGN, "Pre-filter").
+
+Ingress screens prompts with it; dead letters screen the excerpt they keep of a record.
 
 Kinds, in priority order (an overlapping lower-priority candidate is dropped):
 
-- ``credential``: a label — 密码, 口令, 账号/帐号, 账户/帐户, 身份证(号/号码); English
-  password, passwd, pwd, passcode, account, acct, ID card/number/no., identity card —
-  then ``:``, ``=`` or ``：`` and a value. The finding spans the value, not the label.
-  A bare English ``id=`` is deliberately *not* a label: it would flag every query
-  string and SQL snippet, the same mistake as the seed's digit pattern.
+- ``credential``: an API key (``sk-`` and at least 20 key characters: seawall's
+  ``sk-sw-…`` and OpenAI-style keys), wherever it stands; or a label — 密码,
+  口令, 账号/帐号, 账户/帐户, 身份证(号/号码); English password, passwd,
+  pwd, passcode, account, acct, ID card/number/no., identity card — then ``:``,
+  ``=`` or ``：`` and a value. The finding spans the value, not the label. A bare
+  English ``id=`` is deliberately *not* a label: it would flag every query string
+  and SQL snippet, the same mistake as the seed's digit pattern.
 - ``resident_id``: an 18-character PRC resident ID number (GB 11643-1999): a known
   province code, a real calendar date of birth between 1900 and 2099, and the ISO
   7064 MOD 11-2 check character (0-9 or X).
@@ -65,6 +69,7 @@ _CREDENTIAL = re.compile(
     rf"""(?P<value>"[^"\n]{{1,256}}"|'[^'\n]{{1,256}}'|[{_IDEOGRAPHS}]+|[^{_STOP}{_IDEOGRAPHS}]+)""",
     re.IGNORECASE,
 )
+_API_KEY = re.compile(r"(?<![A-Za-z0-9_-])sk-[A-Za-z0-9][A-Za-z0-9_-]{19,}")
 _RESIDENT_ID = re.compile(r"(?<!\d)\d{17}[\dXx](?![\dXx])")
 _MOBILE = re.compile(
     r"(?<!\d)(?<!\d[ -])(?:\+?86[ -]?)?(?P<number>1[3-9]\d(?:[ -]?\d{4}){2})(?!\d)(?![ -]\d)"
@@ -142,6 +147,8 @@ def _digits(s: str) -> str:
 
 
 def _credentials(text: str) -> Iterator[Finding]:
+    for m in _API_KEY.finditer(text):
+        yield Finding(m.start(), m.end(), "credential")
     for m in _CREDENTIAL.finditer(text):
         yield Finding(m.start("value"), m.end("value"), "credential")
 

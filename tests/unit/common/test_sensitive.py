@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.ingress.filters.sensitive import (
+from services.common.sensitive import (
     Finding,
     detect,
     gb11643_check_char,

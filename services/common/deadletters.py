@@ -1,0 +1,166 @@
+"""Dead letters, bounded and screened: what every service does with a record it cannot
+use and cannot answer.
+
+A letter keeps where the record is, its size, the SHA-256 of its value and an excerpt
+of at most ``EXCERPT_BYTES`` with sensitive data redacted (the detector ingress screens
+prompts with) — never the whole value, which may be as large as the broker allows (the
+letter would then be too large to produce) and may hold a prompt or a secret. So a
+letter is always small enough to send, and sending it can only fail when the broker
+does: ``DeadLetters.send`` then waits and tries again (the caller's loop pauses, as
+for any broker outage) and returns once the broker acknowledged it, so that the caller
+may commit the record's offset afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import ProducerClosed
+from aiokafka.structs import ConsumerRecord
+from prometheus_client import Counter
+
+from schemas import DeadLetter
+from schemas.deadletter import EXCERPT_BYTES, KEY_EXCERPT_BYTES
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.failures import Backoff
+from services.common.sensitive import detect, redact
+from services.common.serde import DecodeError, encode
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTERS = Counter(
+    "seawall_dead_letters_total",
+    "Records dead-lettered, by the service that refused them and the reason",
+    ["service", "reason"],
+)
+
+
+def screened_excerpt(value: bytes, limit: int = EXCERPT_BYTES) -> bytes:
+    """The first ``limit`` bytes of ``value`` with sensitive spans redacted. Bytes that
+    are not UTF-8 pass through unchanged (surrogate escapes), so the excerpt still shows
+    what a binary record began with; the redaction markers may lengthen the text, so
+    the result is cut to ``limit`` again."""
+    text = value[:limit].decode("utf-8", errors="surrogateescape")
+    findings = detect(text)
+    if findings:
+        text = redact(text, findings)
+    return text.encode("utf-8", errors="surrogateescape")[:limit]
+
+
+def letter(
+    *,
+    source_topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    reason: str,
+    error: str,
+    service: str,
+    at: float,
+) -> DeadLetter:
+    """A bounded letter for one record (pure)."""
+    return DeadLetter(
+        source_topic=source_topic,
+        partition=partition,
+        offset=offset,
+        key=None if key is None else screened_excerpt(key, KEY_EXCERPT_BYTES),
+        excerpt=b"" if value is None else screened_excerpt(value),
+        size=0 if value is None else len(value),
+        sha256=None if value is None else hashlib.sha256(value).hexdigest(),
+        reason=reason,
+        error=error[:512],
+        service=service,
+        at=at,
+    )
+
+
+def failure_of(error: BaseException) -> tuple[str, str]:
+    """The ``(reason, message)`` of a letter for a record-level failure. A
+    ``DecodeError`` (and its subclasses) carries both, written never to echo the input;
+    any other exception is named by its type alone, since its message might quote the
+    record."""
+    if isinstance(error, DecodeError):
+        return error.reason, error.message
+    return "processing_error", f"{type(error).__name__} while processing the record"
+
+
+class DeadLetters:
+    """Sends letters for one service; see the module notes."""
+
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        topic: str,
+        service: str,
+        clock: Clock = SYSTEM_CLOCK,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._producer = producer
+        self._topic = topic
+        self.service = service
+        self._clock = clock
+        self._backoff = backoff or Backoff()
+
+    async def record(self, record: ConsumerRecord[bytes, bytes], error: BaseException) -> None:
+        """Dead-letter a consumed record for ``error`` (see ``failure_of``)."""
+        reason, message = failure_of(error)
+        await self.send(
+            source_topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=record.key,
+            value=record.value,
+            reason=reason,
+            error=message,
+        )
+
+    async def send(
+        self,
+        *,
+        source_topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        reason: str,
+        error: str,
+    ) -> None:
+        item = letter(
+            source_topic=source_topic,
+            partition=partition,
+            offset=offset,
+            key=key,
+            value=value,
+            reason=reason,
+            error=error,
+            service=self.service,
+            at=self._clock.time(),
+        )
+        payload = encode(item)
+        while True:
+            try:
+                await self._producer.send_and_wait(self._topic, payload, key=source_topic.encode())
+                break
+            except ProducerClosed:
+                raise  # the service is stopping: the record stays uncommitted
+            except Exception as e:  # a bounded letter fails only with the broker
+                log.warning(
+                    "dead letter not acknowledged; trying again",
+                    extra={"error": type(e).__name__, "source": source_topic},
+                )
+                await self._backoff.wait()
+        self._backoff.reset()
+        DEAD_LETTERS.labels(self.service.split(":")[0], reason).inc()
+        log.warning(
+            "dead-lettered a record",
+            extra={
+                "source": source_topic,
+                "partition": partition,
+                "offset": offset,
+                "reason": reason,
+                "size": item.size,
+            },
+        )

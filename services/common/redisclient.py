@@ -1,0 +1,30 @@
+"""The one way services make a Redis client: bounded, with timeouts on every call.
+
+- A blocking pool of ``redis_max_connections``: a caller that finds every connection
+  busy waits for one (up to ``redis_timeout_s``) instead of failing at once, so a burst
+  is back-pressure, not an outage. Loops bound their own fan-out below the pool size
+  (``redis_fanout``).
+- Connect and socket timeouts of ``redis_timeout_s``: a Redis that stops answering
+  costs a caller that long, then counts as unavailable (``failures.is_infrastructure``).
+- One immediate retry, for a pooled connection that a Redis restart closed.
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from services.common.settings import CommonSettings
+
+
+def make_redis(settings: CommonSettings) -> aioredis.Redis:
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=settings.redis_max_connections,
+        timeout=settings.redis_timeout_s,
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+        retry=Retry(NoBackoff(), 1),
+    )
+    return aioredis.Redis.from_pool(pool)
