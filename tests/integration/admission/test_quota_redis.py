@@ -19,20 +19,25 @@ from schemas import Tier
 from services.admission.bucket import (
     BucketState,
     Dimension,
+    Group,
     Limit,
     QuotaDecision,
     TierConfig,
     adjust,
+    charge,
     decide,
     time_until_full,
     ttl_ms,
 )
 from services.admission.quota import (
+    Charge,
     QuotaRequest,
     QuotaUnavailable,
     RedisQuota,
     quota_key,
+    region_key,
 )
+from services.common.topics import RedisKeys
 
 pytestmark = pytest.mark.integration
 
@@ -216,3 +221,114 @@ async def test_unreachable_redis_raises_quota_unavailable() -> None:
             await quota.adjust("e", cfg, -1)
     finally:
         await down.aclose()
+
+
+# -- one charge for a region and a tenant, idempotent by request --------------------------
+
+REGION_CFG = TierConfig(Tier.BASIC, Limit(3, 40.0), Limit(1.0, 1.0))
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    st.sampled_from(sorted(CONFIGS)),
+    st.lists(
+        st.tuples(st.integers(0, 20), st.booleans(), st.integers(0, 450)), min_size=1, max_size=12
+    ),
+)
+def test_a_region_and_tenant_charge_agrees_with_the_pure_model(
+    redis_url: str, tier: str, steps: list[tuple[int, bool, int]]
+) -> None:
+    """Each step charges the tenant, with or without the region's bucket, through the
+    script; the pure model (``bucket.charge``) replayed on the script's clock gives the
+    same outcomes and states bit for bit: a refused region spends nothing of the tenant
+    and a refused tenant nothing of the region."""
+    asyncio.run(_charge_agreement(redis_url, CONFIGS[tier], steps))
+
+
+async def _charge_agreement(url: str, cfg: TierConfig, steps: list[tuple[int, bool, int]]) -> None:
+    client = aioredis.Redis.from_url(url)
+    prefix = f"test:{uuid.uuid4().hex}:"
+    quota = RedisQuota(client, prefix)
+    tenant_states: list[BucketState | None] = [None, None]
+    region_states: list[BucketState | None] = [None, None]
+    try:
+        for sleep_ms, with_region, tokens in steps:
+            await asyncio.sleep(sleep_ms / 1000)
+            region = QuotaRequest("eu", REGION_CFG, 1, 0) if with_region else None
+            (got,) = await quota.charge_many([Charge(QuotaRequest("t", cfg, 1, tokens), region)])
+            at = got.tenant.at
+            assert at is not None
+            groups: list[Group] = []
+            if with_region:
+                groups.append((region_states, [1, 0], [REGION_CFG.requests, REGION_CFG.tokens]))
+            groups.append((tenant_states, [1, tokens], [cfg.requests, cfg.tokens]))
+            results = charge(groups, at)
+            if with_region:
+                (r_out, r_takes), results = results[0], results[1:]
+                assert got.region is not None
+                assert got.region.outcome == r_out
+                assert [t.state for t in got.region.dimensions.values()] == [
+                    t.state for t in r_takes
+                ]
+                region_states = [t.state for t in r_takes]
+            else:
+                assert got.region is None
+            ((t_out, t_takes),) = results
+            assert got.tenant.outcome == t_out
+            assert [t.state for t in got.tenant.dimensions.values()] == [t.state for t in t_takes]
+            tenant_states = [t.state for t in t_takes]
+            assert not got.replayed
+        keys = {k.decode() async for k in client.scan_iter(match=f"{prefix}*")}
+        if any(r for _, r, _ in steps):
+            assert region_key(prefix, "eu", "requests") in keys
+        assert quota_key(prefix, "eu", "requests") not in keys  # a tenant named eu is apart
+    finally:
+        await delete_prefix(client, prefix)
+        await client.aclose()
+
+
+async def test_a_charged_request_is_not_charged_again(client: aioredis.Redis, prefix: str) -> None:
+    cfg = TierConfig(Tier.BASIC, Limit(2, 0.001), Limit(10_000, 0.001))
+    quota = RedisQuota(client, prefix)
+    keys = RedisKeys(prefix)
+
+    def charge_of(rid: str) -> Charge:
+        return Charge(QuotaRequest("acme", cfg, 1, 10), None, keys.admitted("acme", rid), 5_000)
+
+    first = await quota.charge_many([charge_of("r1"), charge_of("r1"), charge_of("r2")])
+    assert [(c.tenant.outcome, c.replayed) for c in first] == [
+        ("admit", False),
+        ("admit", True),  # the same request again: the same outcome, nothing spent
+        ("admit", False),
+    ]
+    assert first[1].tenant.dimensions["requests"].state.tokens == pytest.approx(1, abs=0.01)
+    refused = await quota.charge_many([charge_of("r3"), charge_of("r3")])
+    assert [(c.tenant.outcome, c.replayed) for c in refused] == [
+        ("reject", False),
+        ("reject", True),
+    ]
+    assert 0 < await client.pttl(keys.admitted("acme", "r1")) <= 5_000
+    # A refused region charges no tenant, and the replay remembers the region's refusal.
+    region_cfg = TierConfig(Tier.BASIC, Limit(1, 0.001), Limit(1.0, 1.0))
+    roomy = TierConfig(Tier.BASIC, Limit(100, 1.0), Limit(100_000, 1.0))
+
+    def regional(rid: str) -> Charge:
+        return Charge(
+            QuotaRequest("globex", roomy, 1, 10),
+            QuotaRequest("eu", region_cfg, 1, 0),
+            keys.admitted("globex", rid),
+            5_000,
+        )
+
+    a, b, b_again = await quota.charge_many([regional("a"), regional("b"), regional("b")])
+    assert [c.region.outcome if c.region else None for c in (a, b, b_again)] == [
+        "admit",
+        "reject",
+        "reject",
+    ]
+    assert b.tenant.dimensions["requests"].state.tokens == pytest.approx(99, abs=0.01)
+    assert b_again.replayed
