@@ -54,7 +54,11 @@ def broker_binary() -> str:
         raise StackError(f"no embedded broker binary: {e}") from e
 
 
-def broker_process(host: str, port: int, log_path: Path) -> ChildProcess:
+def broker_process(
+    host: str, port: int, log_path: Path, advertised: str | None = None
+) -> ChildProcess:
+    """The embedded broker listening on ``host:port``; it tells clients to connect to
+    ``advertised`` (``host:port`` by default), as a broker behind a proxy or NAT does."""
     if port_in_use(host, port):
         raise StackError(
             f"{host}:{port} is already taken, so the embedded broker cannot listen there. "
@@ -68,7 +72,7 @@ def broker_process(host: str, port: int, log_path: Path) -> ChildProcess:
         "--listener-url",
         url,
         "--advertised-listener-url",
-        url,
+        f"tcp://{advertised}" if advertised else url,
         "--storage-engine",
         "memory://tansu/",
     ]

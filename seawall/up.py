@@ -8,6 +8,7 @@ and on Ctrl-C or SIGTERM stops everything in reverse order, leaving no process b
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import threading
@@ -199,8 +200,11 @@ class Stack:
         o = self.options
         env = {
             "SEAWALL_KAFKA_BOOTSTRAP": self.bootstrap,
-            # The embedded broker has no InitProducerId (DESIGN, Platform facts).
-            "SEAWALL_KAFKA_IDEMPOTENCE": "false" if o.kafka_bootstrap is None else "true",
+            # The embedded broker has no InitProducerId (DESIGN, Platform facts); an
+            # external one has, unless SEAWALL_KAFKA_IDEMPOTENCE says otherwise.
+            "SEAWALL_KAFKA_IDEMPOTENCE": "false"
+            if o.kafka_bootstrap is None
+            else os.environ.get("SEAWALL_KAFKA_IDEMPOTENCE", "true"),
             "SEAWALL_REDIS_URL": self.redis_url,
             "SEAWALL_TOPIC_PREFIX": o.topic_prefix,
             "SEAWALL_TOPIC_PARTITIONS": str(o.partitions),

@@ -1,10 +1,12 @@
 """Faults for the end-to-end tests: a TCP proxy that can make a server briefly
 unreachable (connections dropped, new ones refused) without touching the server or the
-state it keeps."""
+state it keeps, and one that delays every byte by a random 100–500 ms."""
 
 from __future__ import annotations
 
 import contextlib
+import queue
+import random
 import socket
 import threading
 import time
@@ -99,3 +101,54 @@ class TcpProxy:
                     s.shutdown(socket.SHUT_RDWR)
             with self._lock:
                 self._open -= {src, dst}
+
+
+class DelayProxy(TcpProxy):
+    """A ``TcpProxy`` that holds every chunk of data, in each direction, for a random
+    delay in ``[low_s, high_s]`` before passing it on, keeping each direction's order
+    (a chunk never overtakes the one before it: its delivery time is at least that one's).
+    ``delayed`` counts the chunks it held."""
+
+    def __init__(
+        self, target_host: str, target_port: int, low_s: float = 0.1, high_s: float = 0.5
+    ) -> None:
+        super().__init__(target_host, target_port)
+        self.low_s, self.high_s = low_s, high_s
+        self._rng = random.Random()
+        self._rng_lock = threading.Lock()
+        self.delayed = 0
+
+    def _delay(self) -> float:
+        with self._rng_lock:
+            self.delayed += 1
+            return self._rng.uniform(self.low_s, self.high_s)
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        held: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
+        sender = threading.Thread(target=self._send_later, args=(held, dst), daemon=True)
+        sender.start()
+        last_due = 0.0
+        try:
+            while data := src.recv(65536):
+                last_due = max(last_due, time.monotonic() + self._delay())
+                held.put((last_due, data))
+        except OSError:
+            pass
+        finally:
+            held.put(None)
+            sender.join()
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+            with self._lock:
+                self._open -= {src, dst}
+
+    @staticmethod
+    def _send_later(held: queue.Queue[tuple[float, bytes] | None], dst: socket.socket) -> None:
+        while (item := held.get()) is not None:
+            due, data = item
+            time.sleep(max(0.0, due - time.monotonic()))
+            try:
+                dst.sendall(data)
+            except OSError:
+                return

@@ -3,14 +3,16 @@
 Loops (one ``Component``):
 
 - *intake*: one consumer, group ``<prefix>seawall.admission``, on the three priority
-  topics. Each fetched batch is decided at once (``policy.screen``, then one pipelined
+  topics. A record that does not decode, or whose ``reply_to`` is not an existing reply
+  topic, is dead-lettered at once (no quota, no GPU for what nobody can receive). Each
+  fetched batch is decided at once (``policy.screen``, then one pipelined
   round of atomic quota charges — region and tenant together, idempotent by request id
   (``quota.Charge``): a redelivered request is not charged twice — then
   ``policy.judge``): a rejection is answered immediately; an accepted request waits in
   its class's backlog. A class holding ``max_buffered_per_class`` requests has its
   partitions paused (re-applied before every fetch and after every rebalance, which
-  resets pauses); the rest of its backlog waits in Kafka. Undecodable records go to
-  the dead-letter topic (bounded, ``services.common.deadletters``).
+  resets pauses); the rest of its backlog waits in Kafka. Dead letters are bounded
+  (``services.common.deadletters``).
 - *dispatch*: each round, per destination pool, the ``PriorityScheduler`` shares the
   pool's free slots (``capacity.FleetCapacity``, the pacing rule) among the classes
   with work; the picked requests are checked for the client's abort marker in Redis,
@@ -390,20 +392,37 @@ class Admission(Component):
                 self._backoff,
                 "admission-intake",
             )
-            items: list[tuple[TopicPartition, int, InferenceRequest, Priority]] = []
+            decoded: list[tuple[TopicPartition, Record, InferenceRequest, Priority]] = []
             for tp, records in batches.items():
                 cls = self._class_of[tp.topic]
                 for record in records:
                     self.offsets.track(tp, record.offset)
                     try:
-                        request = decode(REQUEST, record.value)
+                        decoded.append((tp, record, decode(REQUEST, record.value), cls))
                     except DecodeError as e:
-                        m.DECISIONS.labels("dead_letter", e.reason, cls.value).inc()
-                        self._finish(self._dead_letter(tp, record, e))
-                    else:
-                        items.append((tp, record.offset, request, cls))
+                        self._refuse(tp, record, cls, e)
+            # One look at the broker's topics for the whole batch: nobody could receive
+            # an answer on a reply topic that does not exist (no quota, no GPU for it).
+            unusable = await retry_unavailable(
+                functools.partial(self._replies.check_many, (r.reply_to for *_, r, _ in decoded)),
+                self._backoff,
+                "admission-intake",
+            )
+            items: list[tuple[TopicPartition, int, InferenceRequest, Priority]] = []
+            for tp, record, request, cls in decoded:
+                error = unusable[request.reply_to]
+                if error is None:
+                    items.append((tp, record.offset, request, cls))
+                else:
+                    self._refuse(tp, record, cls, error)
             if items:
                 await self._decide(items)
+
+    def _refuse(
+        self, tp: TopicPartition, record: Record, cls: Priority, error: DecodeError
+    ) -> None:
+        m.DECISIONS.labels("dead_letter", error.reason, cls.value).inc()
+        self._finish(self._dead_letter(tp, record, error))
 
     async def _decide(
         self, items: Sequence[tuple[TopicPartition, int, InferenceRequest, Priority]]

@@ -77,8 +77,8 @@ def make_consumer(
         "group_id": group_id,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
-        "session_timeout_ms": 10_000,
-        "heartbeat_interval_ms": 1_000,
+        "session_timeout_ms": settings.consumer_session_timeout_ms,
+        "heartbeat_interval_ms": settings.consumer_heartbeat_ms,
         "max_poll_interval_ms": 300_000,
     }
     options.update(overrides)

@@ -18,6 +18,7 @@ counted in ``seawall_replies_undeliverable_total``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -106,6 +107,21 @@ class Replies:
             raise Undeliverable(
                 "reply_topic_unreachable", f"the reply topic {reply_to!r} does not exist"
             )
+
+    async def check_many(self, reply_tos: Iterable[str]) -> dict[str, Undeliverable | None]:
+        """``check`` for many topics at once (one listing for all the unknown ones):
+        per topic, the ``Undeliverable`` it would raise, or ``None``."""
+        names = set(reply_tos)
+        results = await asyncio.gather(*(self.check(t) for t in names), return_exceptions=True)
+        found: dict[str, Undeliverable | None] = {}
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, Undeliverable):
+                found[name] = result
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                found[name] = None
+        return found
 
     async def send(self, reply_to: str, message: BaseModel, key: str) -> asyncio.Future[Any]:
         """Queue ``message`` on ``reply_to``; await the result for the broker's ack.

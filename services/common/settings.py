@@ -48,6 +48,12 @@ class CommonSettings(BaseSettings):
     """At most this many records of a batch wait on Redis at once (below
     ``redis_max_connections``, so that a backlog never exhausts the pool)."""
 
+    consumer_session_timeout_ms: int = Field(default=6_000, ge=1_000, le=300_000)
+    """Consumer-group session: a member that stops heartbeating (killed) is evicted after
+    this, and its partitions move; a restarted instance rejoins after about twice this
+    on the embedded broker (measured: 11 s for 6 s, 7 s for 3 s)."""
+    consumer_heartbeat_ms: int = Field(default=1_000, ge=100, le=60_000)
+
     instance_id: str = Field(default_factory=default_instance_id, max_length=128)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["logfmt", "json"] = "logfmt"
@@ -57,9 +63,11 @@ class CommonSettings(BaseSettings):
     """How long a SIGTERM'd service may spend finishing in-flight work."""
 
     @model_validator(mode="after")
-    def _fanout_below_pool(self) -> Self:
+    def _consistent(self) -> Self:
         if self.redis_fanout >= self.redis_max_connections:
             raise ValueError("redis_fanout must be below redis_max_connections")
+        if 3 * self.consumer_heartbeat_ms > self.consumer_session_timeout_ms:
+            raise ValueError("consumer_heartbeat_ms must be at most a third of the session")
         return self
 
     @field_validator("pools", mode="before")

@@ -126,7 +126,7 @@ class KafkaIngress(Component):
         if isinstance(request, AbortRequest):
             return await self._judge_abort(request)
         try:
-            self._replies.check_name(request.reply_to)
+            await self._replies.check(request.reply_to)
         except Undeliverable as e:
             return _DeadLetter(e)
         gate = self._gate

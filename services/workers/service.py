@@ -31,7 +31,7 @@
   pool; it keeps publishing telemetry, and rejoins when the breaker turns half-open
   (the probes), closed, or expires. Admission's capacity count alone would not divert
   the work: records are spread over partitions, not over workers.
-- Its consumer's session timeout is short (``session_timeout_ms``, 3 s): a SIGKILLed
+- Its consumer's session timeout is short (``consumer_session_timeout_ms``, 3 s): a SIGKILLed
   worker's partitions move within about 5 s, and its running requests' leases have run
   out by then.
 """
@@ -221,8 +221,6 @@ class Worker(Component):
         self._consumer = make_consumer(
             self.settings,
             group_id=f"{self.settings.topic_prefix}seawall.workers.{self.settings.pool}",
-            session_timeout_ms=self.settings.session_timeout_ms,
-            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
         )
         self._consumer.subscribe(
             [self.topics.dispatch(self.settings.pool)], listener=_Rebalance(self)

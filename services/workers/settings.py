@@ -25,11 +25,11 @@ class WorkerSettings(CommonSettings):
     pool of one, where leaving stops the pool until the breaker's half-open probes)."""
     static_reply: str = "The service is under heavy load; please try again shortly."
     """Degradation level 3's canned reply."""
-    session_timeout_ms: int = Field(default=3_000, ge=1_000, le=300_000)
-    """The worker's consumer-group session: a SIGKILLed worker's partitions move to the
-    rest of the pool after about 1.5 times this (measured on the embedded broker: 5 s
-    for 3 s), which bounds how long its queued requests wait."""
-    heartbeat_interval_ms: int = Field(default=500, ge=100, le=60_000)
+    consumer_session_timeout_ms: int = Field(default=3_000, ge=1_000, le=300_000)
+    """Shorter for workers than for the other services: a SIGKILLed worker's partitions
+    move to the rest of the pool after about 1.5 times this (measured on the embedded
+    broker: 5 s for 3 s), which bounds how long its queued requests wait."""
+    consumer_heartbeat_ms: int = Field(default=500, ge=100, le=60_000)
     claim_lease_s: float = Field(default=3.0, gt=0.1, le=300)
     """A running request's lease (``claims``), renewed every third of it: a killed
     worker's requests are taken over once their leases run out."""

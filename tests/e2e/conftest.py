@@ -1,133 +1,13 @@
-"""The stack as a user runs it: ``seawall up`` in a subprocess, every service its own
-process. ``launch`` starts one with the options a test needs; the ``stack`` fixture is
-one shared by a test module."""
+"""The end-to-end tier: the stack as a user runs it (``tests.stack``); the ``stack``
+fixture is one ``seawall up`` shared by a test module."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
-import psutil
 import pytest
 
-from seawall import embedded
-from services.common.settings import CommonSettings
-
-
-@dataclass(frozen=True)
-class Stack:
-    proc: subprocess.Popen[str]
-    url: str
-    env: dict[str, str]
-    """The environment of commands run beside the stack (``seawall keys``, ...)."""
-    settings: CommonSettings
-
-    def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "seawall.cli", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=True,
-        )
-
-    def key(self, tenant: str, tier: str) -> dict[str, str]:
-        out = self.cli("keys", "create", "--tenant", tenant, "--tier", tier, "--json")
-        doc: dict[str, str] = json.loads(out.stdout)
-        return doc
-
-    def service(self, instance: str) -> psutil.Process:
-        """The running process of one service instance (``admission``, ``worker-main-0``)."""
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                if child.environ().get("SEAWALL_INSTANCE_ID") == instance:
-                    return child
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        raise LookupError(f"no running {instance}")
-
-
-def clean_env() -> dict[str, str]:
-    """This environment without any ``SEAWALL_`` setting of the developer's."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
-
-
-def spawn_up(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """``seawall up ARGS`` in its own session (so a test can signal its whole group)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "seawall.cli", "up", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=clean_env() if env is None else env,
-        start_new_session=True,
-    )
-
-
-def wait_up(proc: subprocess.Popen[str], timeout_s: float = 150) -> str:
-    """What ``seawall up`` printed until it said it is up; fails the test (and kills the
-    stack) if it does not within ``timeout_s``."""
-    assert proc.stdout is not None
-    seen = []
-    deadline = time.monotonic() + timeout_s
-    for line in proc.stdout:
-        seen.append(line)
-        if "seawall is up" in line:
-            return "".join(seen)
-        if time.monotonic() > deadline:
-            break
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail("the stack did not come up:\n" + "".join(seen))
-
-
-@contextmanager
-def launch(state: Path, redis_url: str, *extra: str) -> Iterator[Stack]:
-    """``seawall up`` on a free broker and ingress port, a fresh topic and Redis prefix;
-    ``extra`` are more ``up`` options. Stopped with SIGTERM, which must leave no process."""
-    ingress_port = embedded.free_port()
-    prefix = f"e2e{uuid.uuid4().hex[:6]}."
-    env = clean_env()
-    env["SEAWALL_ENV_FILE"] = str(state / "stack.env")
-    env["SEAWALL_REDIS_PREFIX"] = f"test:{prefix}"
-    proc = spawn_up(
-        "--broker-port",
-        str(embedded.free_port()),
-        "--ingress-port",
-        str(ingress_port),
-        "--redis",
-        redis_url,
-        "--topic-prefix",
-        prefix,
-        "--state-dir",
-        str(state),
-        *extra,
-        env=env,
-    )
-    wait_up(proc)
-    settings = CommonSettings(_env_file=str(state / "stack.env"))  # type: ignore[call-arg]
-    stack = Stack(proc, f"http://127.0.0.1:{ingress_port}", env, settings)
-    try:
-        yield stack
-    finally:
-        children = psutil.Process(proc.pid).children(recursive=True)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(timeout=90) == 0
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        _, alive = psutil.wait_procs(children, timeout=10)
-        assert alive == [], "seawall up left processes behind"
+from tests.stack import Stack, launch
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from tests.e2e.conftest import Stack
+from tests.stack import Stack
 
 
 def test_submit_streams_the_text_then_a_summary(stack: Stack) -> None:

@@ -13,8 +13,8 @@ import httpx
 from schemas import InferenceRequest, ReplyChunk, ReplyStatus, SamplingParams
 from seawall.client import SeawallClient
 from services.common.bus import topics_of
-from tests.e2e.conftest import Stack
 from tests.fleet import ReplyReader, produce
+from tests.stack import Stack
 
 
 def test_http_json_round_trip(stack: Stack) -> None:

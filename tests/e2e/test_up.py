@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from seawall import embedded
-from tests.e2e.conftest import spawn_up, wait_up
+from tests.stack import spawn_up, wait_up
 
 
 def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:

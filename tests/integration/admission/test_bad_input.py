@@ -29,7 +29,7 @@ from tests.admission_helpers import (
     send_all,
 )
 
-VALID = json.loads(inference_request("template", "replies").model_dump_json())
+VALID = json.loads(inference_request("template", "llm.reply.template").model_dump_json())
 REASONS = {
     "empty_record",
     "invalid_utf8",
@@ -82,7 +82,9 @@ def test_bad_records_are_dead_lettered_and_admission_carries_on(
     with asyncio.Runner() as runner, contextlib.ExitStack() as closing:
         stack = contextlib.AsyncExitStack()
         closing.callback(lambda: runner.run(stack.aclose()))
-        runner.run(ensure_topics(settings.kafka_bootstrap, topics.specs()))
+        runner.run(
+            ensure_topics(settings.kafka_bootstrap, [*topics.specs(), topics.reply_spec("bad")])
+        )
 
         async def start_admission() -> Admission:
             return await stack.enter_async_context(Admission(admission_settings(settings)))
@@ -96,7 +98,7 @@ def test_bad_records_are_dead_lettered_and_admission_carries_on(
         )
 
         async def one_round(cls: Priority, bad: list[bytes | None]) -> None:
-            good = inference_request(f"good-{next(counter)}", "replies")
+            good = inference_request(f"good-{next(counter)}", topics.reply("bad"))
             source = topics.requests(cls)
             await send_all(settings, source, [*bad, good])
             expected.update((source, raw or b"") for raw in bad)

@@ -1,0 +1,363 @@
+"""The kill matrix, for the end-to-end test and ``bench/faults.py``: an open-loop stream
+of requests from async clients (the SDK) of every tier into ``seawall up``, while
+ingress, admission, the main worker streaming the most, and the controller are each
+SIGKILLed in turn and Redis is cut off for a few seconds. Everything is counted, not
+sampled: each call's chunks and terminal replies as the caller saw them, the consumer
+lag of ingress and admission while they were down (the backlog), and how long the
+killed worker's requests took to be answered by another."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from schemas import InferenceReply, Priority, ReasonCode, ReplyChunk, ReplyStatus
+from seawall.client import SeawallClient
+from services.common.bus import make_consumer, topics_of
+from tests.faults import TcpProxy
+from tests.stack import Stack
+
+
+@dataclass
+class Call:
+    request_id: str
+    tier: str
+    sent_at: float
+    chunks: list[ReplyChunk] = field(default_factory=list)
+    chunk_at: list[float] = field(default_factory=list)
+    """When each chunk reached the caller (monotonic)."""
+    terminals: list[InferenceReply] = field(default_factory=list)
+    done_at: float | None = None
+    error: BaseException | None = None
+
+    @property
+    def terminal(self) -> InferenceReply | None:
+        return self.terminals[0] if self.terminals else None
+
+    @property
+    def streamed(self) -> str:
+        return "".join(c.text for c in self.chunks)
+
+    @property
+    def duplicated(self) -> bool:
+        """The caller saw something twice: a second terminal, or a chunk again."""
+        seen = [(c.generation, c.seq) for c in self.chunks]
+        return len(self.terminals) > 1 or len(seen) != len(set(seen))
+
+    @property
+    def coherent(self) -> bool:
+        """Its streamed text is its terminal reply's text, or the stream ended with the
+        documented ``stream_interrupted`` error (never two generations spliced)."""
+        t = self.terminal
+        if t is None:
+            return False
+        if t.reason is ReasonCode.STREAM_INTERRUPTED:
+            return True
+        if t.status not in (ReplyStatus.OK, ReplyStatus.DEGRADED) or t.text == "":
+            return not self.chunks or t.status is ReplyStatus.ERROR
+        return self.streamed == t.text
+
+
+async def send(client: SeawallClient, call: Call, max_tokens: int, timeout_s: float) -> None:
+    try:
+        async for item in client.stream(
+            f"question {call.request_id}",
+            max_tokens=max_tokens,
+            request_id=call.request_id,
+            timeout_s=timeout_s,
+        ):
+            if isinstance(item, ReplyChunk):
+                call.chunks.append(item)
+                call.chunk_at.append(time.monotonic())
+            else:
+                call.terminals.append(item)
+                call.done_at = time.monotonic()
+    except Exception as e:  # counted as lost, with the reason shown
+        call.error = e
+
+
+@dataclass
+class Fault:
+    at_s: float
+    name: str
+    act: Callable[[], str]
+    ready: Callable[[], bool] = lambda: True
+    """Fired at the first moment from ``at_s`` on when this holds (at most 15 s later)."""
+    done_at: float | None = None
+    detail: str = ""
+
+
+def kill(stack: Stack, instance: str, sig: signal.Signals = signal.SIGKILL) -> str:
+    proc = stack.service(instance)
+    proc.send_signal(sig)
+    return f"{instance} pid {proc.pid} {sig.name}"
+
+
+def wait_restarted(stack: Stack, instance: str, old_pid: int, timeout_s: float = 60) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pid = stack.service(instance).pid
+        except LookupError:
+            pid = old_pid
+        if pid != old_pid:
+            return pid
+        time.sleep(0.2)
+    raise AssertionError(f"{instance} was not restarted")
+
+
+class LagSampler:
+    """Samples, every ``every_s``, how many records wait for a consumer group (end
+    offsets minus committed offsets): the backlog that builds while it is down."""
+
+    def __init__(self, stack: Stack, groups: dict[str, list[str]], every_s: float = 0.5):
+        self._stack = stack
+        self._groups = groups
+        self._every_s = every_s
+        self.peak: collections.Counter[str] = collections.Counter()
+        self.errors: collections.Counter[str] = collections.Counter()
+        """Samples that failed, by error."""
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LagSampler:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        settings = self._stack.settings
+        # A consumer of each group that never subscribes: it reads the group's committed
+        # offsets without joining it.
+        readers = {g: make_consumer(settings, group_id=g) for g in self._groups}
+        for reader in readers.values():
+            await reader.start()
+        try:
+            while True:
+                for group, topics in self._groups.items():
+                    try:
+                        lag = await self._lag(readers[group], topics)
+                    except Exception as e:  # a broker busy with a rebalance: the next one
+                        self.errors[f"{type(e).__name__}: {e}"[:120]] += 1
+                        continue
+                    self.peak[group] = max(self.peak[group], lag)
+                await asyncio.sleep(self._every_s)
+        finally:
+            for reader in readers.values():
+                await reader.stop()
+
+    async def _lag(self, reader: Any, topics: list[str]) -> int:
+        tps = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in range(self._stack.settings.topic_partitions)
+        ]
+        ends = await reader.end_offsets(tps)
+        committed = [await reader.committed(tp) or 0 for tp in tps]
+        return sum(max(0, ends[tp] - c) for tp, c in zip(tps, committed, strict=True))
+
+
+@dataclass
+class Traffic:
+    rate_per_s: float
+    duration_s: float
+    max_tokens: int
+    timeout_s: float = 150.0
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+FAULTS_AT_S = (5.0, 10.0, 20.0, 25.0, 29.0)
+"""When ingress, admission, the worker, the controller die and Redis is cut: each while
+the one before is still recovering (a restarted group member rejoins after about twice
+its session, 6 s) or working off its backlog."""
+
+
+async def kill_matrix(
+    stack: Stack,
+    redis_proxy: TcpProxy,
+    traffic: Traffic,
+    faults_at_s: tuple[float, ...] = FAULTS_AT_S,
+) -> dict[str, Any]:
+    """Run the matrix on ``stack`` (whose Redis is reached through ``redis_proxy``);
+    return the figures (``tests/e2e/test_kill_matrix.py`` says what must hold)."""
+    tiers = ("enterprise", "pro", "basic")
+    keys = {t: stack.key(f"km-{t}", t) for t in tiers}
+    clients = {
+        t: SeawallClient(api_key_id=keys[t]["key_id"], settings=stack.settings) for t in tiers
+    }
+    for c in clients.values():
+        await c.start()
+    calls: list[Call] = []
+    victim: dict[str, Any] = {}
+    pids: dict[str, int] = {}
+
+    def kill_and_note(instance: str) -> Callable[[], str]:
+        def act() -> str:
+            pids[instance] = stack.service(instance).pid
+            return kill(stack, instance)
+
+        return act
+
+    def streaming() -> collections.Counter[str]:
+        """Requests mid-stream now, by the main worker streaming them."""
+        return collections.Counter(
+            c.chunks[-1].worker_id
+            for c in calls
+            if not c.terminals
+            and c.chunks
+            and c.chunks[-1].worker_id
+            and c.chunks[-1].worker_id.startswith("worker-main")
+        )
+
+    def kill_streaming_worker() -> str:
+        # The main worker streaming the most requests now: its requests are mid-flight.
+        name = streaming().most_common(1)[0][0]
+        victim["name"] = name
+        victim["streaming"] = {
+            c.request_id
+            for c in calls
+            if not c.terminals and any(ch.worker_id == name for ch in c.chunks)
+        }
+        return kill_and_note(name)()
+
+    faults = [
+        Fault(faults_at_s[0], "ingress SIGKILL", kill_and_note("ingress")),
+        Fault(faults_at_s[1], "admission SIGKILL", kill_and_note("admission")),
+        Fault(
+            faults_at_s[2],
+            "worker SIGKILL mid-stream",
+            kill_streaming_worker,
+            lambda: bool(streaming()),
+        ),
+        Fault(faults_at_s[3], "controller SIGKILL", kill_and_note("controller")),
+        Fault(faults_at_s[4], "Redis cut off 5 s", lambda: redis_proxy.cut(5.0) or "cut"),
+    ]
+    prefix = stack.settings.topic_prefix
+    topics = topics_of(stack.settings)
+    groups = {
+        f"{prefix}seawall.ingress": [topics.ingress],
+        f"{prefix}seawall.admission": [topics.requests(p) for p in Priority],
+    }
+    tasks: list[asyncio.Task[None]] = []
+    async with LagSampler(stack, groups) as lag:
+        start = time.monotonic()
+        pending = list(faults)
+        n = int(traffic.rate_per_s * traffic.duration_s)
+        for i in range(n):
+            due = start + i / traffic.rate_per_s
+            if pending and due >= start + pending[0].at_s:
+                fault = pending[0]
+                late = time.monotonic() - (start + fault.at_s)
+                if fault.ready() or late > 15:
+                    pending.pop(0)
+                    fault.detail = fault.act()
+                    fault.done_at = time.monotonic()
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            tier = tiers[i % len(tiers)]
+            call = Call(f"km{i:05d}", tier, time.monotonic())
+            calls.append(call)
+            tasks.append(
+                asyncio.create_task(
+                    send(clients[tier], call, traffic.max_tokens, traffic.timeout_s)
+                )
+            )
+        assert not pending, "the run ended before every fault was injected"
+        await asyncio.wait(tasks, timeout=traffic.timeout_s + 30)
+    for _ in range(10):  # late duplicates, had any reached the caller, are counted
+        await asyncio.sleep(0.2)
+    stats = {t: c.stats for t, c in clients.items()}
+    # The stack still serves: a fresh request after everything, answered ok.
+    after = await clients["enterprise"].complete("still there?", max_tokens=8, timeout_s=60)
+    for c in clients.values():
+        await c.stop()
+    restarted = {name: wait_restarted(stack, name, pid) != pid for name, pid in pids.items()}
+
+    killed_at = faults[2].done_at
+    assert killed_at is not None
+    # The killed worker's requests: those it was seen streaming when it died, and those
+    # whose first chunks from it were still on their way (arrived within a second).
+    moved = [
+        c
+        for c in calls
+        if c.request_id in victim["streaming"]
+        or (
+            any(
+                ch.worker_id == victim["name"] and at <= killed_at + 1.0
+                for ch, at in zip(c.chunks, c.chunk_at, strict=True)
+            )
+            and (c.done_at or 0) > killed_at
+        )
+    ]
+    failover = sorted(c.done_at - killed_at for c in moved if c.done_at is not None)
+    terminal = [c for c in calls if c.terminal is not None]
+    by_status = collections.Counter(c.terminal.status.value for c in terminal if c.terminal)
+    return {
+        "submitted": len(calls),
+        "terminal_replies": sum(len(c.terminals) for c in calls),
+        "lost": sum(1 for c in calls if c.terminal is None),
+        "lost_examples": [f"{c.request_id}: {c.error!r}" for c in calls if not c.terminals][:5],
+        "duplicates_to_caller": sum(1 for c in calls if c.duplicated),
+        "duplicates_dropped_by_sdk": sum(s.duplicates for s in stats.values()),
+        "incoherent_streams": [c.request_id for c in calls if c.terminal and not c.coherent],
+        "streams_interrupted": sum(
+            1 for c in terminal if c.terminal and c.terminal.reason is ReasonCode.STREAM_INTERRUPTED
+        ),
+        "interrupted_examples": [
+            {
+                "id": c.request_id,
+                "chunks": [(ch.generation % 10**8, ch.worker_id, ch.seq) for ch in c.chunks],
+                "terminal": (c.terminal.generation % 10**8, c.terminal.worker_id),
+            }
+            for c in terminal
+            if c.terminal and c.terminal.reason is ReasonCode.STREAM_INTERRUPTED
+        ][:3],
+        "retries": sum(s.retries for s in stats.values()),
+        "by_status": dict(by_status),
+        "by_reason": dict(
+            collections.Counter(c.terminal.reason.value for c in terminal if c.terminal)
+        ),
+        "reasons_sent_between_s": {
+            reason: [
+                round(min(c.sent_at for c in group) - start, 1),
+                round(max(c.sent_at for c in group) - start, 1),
+            ]
+            for reason, group in _by_reason(terminal).items()
+        },
+        "backlog_peak": dict(lag.peak),
+        "backlog_sampling_errors": dict(lag.errors),
+        "faults_at_s": {f.name: round((f.done_at or 0) - start, 1) for f in faults},
+        "killed_worker": victim["name"],
+        "killed_worker_in_flight": len(moved),
+        "failover_s": [round(x, 2) for x in failover],
+        "failover_s_p50": percentile(failover, 50),
+        "failover_s_p99": percentile(failover, 99),
+        "restarted": restarted,
+        "redis_connections_refused_while_cut": redis_proxy.refused,
+        "served_after": after.status.value,
+    }
+
+
+def _by_reason(calls: list[Call]) -> dict[str, list[Call]]:
+    groups: dict[str, list[Call]] = collections.defaultdict(list)
+    for c in calls:
+        if c.terminal is not None:
+            groups[c.terminal.reason.value].append(c)
+    return dict(groups)
