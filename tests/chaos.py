@@ -32,8 +32,6 @@ class Call:
     tier: str
     sent_at: float
     chunks: list[ReplyChunk] = field(default_factory=list)
-    chunk_at: list[float] = field(default_factory=list)
-    """When each chunk reached the caller (monotonic)."""
     terminals: list[InferenceReply] = field(default_factory=list)
     done_at: float | None = None
     error: BaseException | None = None
@@ -76,7 +74,6 @@ async def send(client: SeawallClient, call: Call, max_tokens: int, timeout_s: fl
         ):
             if isinstance(item, ReplyChunk):
                 call.chunks.append(item)
-                call.chunk_at.append(time.monotonic())
             else:
                 call.terminals.append(item)
                 call.done_at = time.monotonic()
@@ -99,6 +96,11 @@ def kill(stack: Stack, instance: str, sig: signal.Signals = signal.SIGKILL) -> s
     proc = stack.service(instance)
     proc.send_signal(sig)
     return f"{instance} pid {proc.pid} {sig.name}"
+
+
+def cut(proxy: TcpProxy, seconds: float) -> str:
+    proxy.cut(seconds)
+    return f"cut off for {seconds:.0f} s"
 
 
 def wait_restarted(stack: Stack, instance: str, old_pid: int, timeout_s: float = 60) -> int:
@@ -231,11 +233,7 @@ async def kill_matrix(
         # The main worker streaming the most requests now: its requests are mid-flight.
         name = streaming().most_common(1)[0][0]
         victim["name"] = name
-        victim["streaming"] = {
-            c.request_id
-            for c in calls
-            if not c.terminals and any(ch.worker_id == name for ch in c.chunks)
-        }
+        victim["at"] = time.time()
         return kill_and_note(name)()
 
     faults = [
@@ -248,7 +246,7 @@ async def kill_matrix(
             lambda: bool(streaming()),
         ),
         Fault(faults_at_s[3], "controller SIGKILL", kill_and_note("controller")),
-        Fault(faults_at_s[4], "Redis cut off 5 s", lambda: redis_proxy.cut(5.0) or "cut"),
+        Fault(faults_at_s[4], "Redis cut off 5 s", lambda: cut(redis_proxy, 5.0)),
     ]
     prefix = stack.settings.topic_prefix
     topics = topics_of(stack.settings)
@@ -292,18 +290,18 @@ async def kill_matrix(
 
     killed_at = faults[2].done_at
     assert killed_at is not None
-    # The killed worker's requests: those it was seen streaming when it died, and those
-    # whose first chunks from it were still on their way (arrived within a second).
+    # The killed worker's requests: it had streamed a generation of them (one begun
+    # before the kill: generations count microseconds) and another generation had to
+    # answer them (one begun after it), whoever ran it: the other worker, or the killed
+    # one's new process under the same name.
+    kill_generation = int(victim["at"] * 1_000_000)
     moved = [
         c
         for c in calls
-        if c.request_id in victim["streaming"]
-        or (
-            any(
-                ch.worker_id == victim["name"] and at <= killed_at + 1.0
-                for ch, at in zip(c.chunks, c.chunk_at, strict=True)
-            )
-            and (c.done_at or 0) > killed_at
+        if c.terminal is not None
+        and c.terminal.generation > kill_generation
+        and any(
+            ch.worker_id == victim["name"] and ch.generation < kill_generation for ch in c.chunks
         )
     ]
     failover = sorted(c.done_at - killed_at for c in moved if c.done_at is not None)
@@ -361,3 +359,48 @@ def _by_reason(calls: list[Call]) -> dict[str, list[Call]]:
         if c.terminal is not None:
             groups[c.terminal.reason.value].append(c)
     return dict(groups)
+
+
+# -- latency under a fault -------------------------------------------------------------
+Outcome = tuple[float, InferenceReply | BaseException]
+"""A call's latency (seconds) and its terminal reply, or what it raised."""
+
+
+async def timed_call(
+    client: SeawallClient, request_id: str, max_tokens: int = 16, timeout_s: float = 90
+) -> Outcome:
+    """One ``complete`` call: its latency and outcome."""
+    started = time.monotonic()
+    try:
+        reply: InferenceReply | BaseException = await client.complete(
+            f"question {request_id}",
+            max_tokens=max_tokens,
+            request_id=request_id,
+            timeout_s=timeout_s,
+        )
+    except Exception as e:
+        reply = e
+    return time.monotonic() - started, reply
+
+
+async def timed_calls(
+    client: SeawallClient, n: int, rate_per_s: float, prefix: str, max_tokens: int = 16
+) -> list[Outcome]:
+    """``n`` open-loop calls at ``rate_per_s``: each one's latency and outcome."""
+    tasks = []
+    for i in range(n):
+        tasks.append(asyncio.create_task(timed_call(client, f"{prefix}-{i}", max_tokens)))
+        await asyncio.sleep(1 / rate_per_s)
+    return list(await asyncio.gather(*tasks))
+
+
+def failed(results: list[Outcome]) -> list[str]:
+    return [
+        repr(r) if isinstance(r, BaseException) else f"{r.request_id}: {r.status}/{r.reason}"
+        for _, r in results
+        if isinstance(r, BaseException) or r.status not in (ReplyStatus.OK, ReplyStatus.DEGRADED)
+    ]
+
+
+def p99(results: list[Outcome]) -> float:
+    return statistics.quantiles([t for t, _ in results], n=100, method="inclusive")[98]

@@ -120,7 +120,7 @@ def launch(
         env=env,
     )
     wait_up(proc)
-    settings = CommonSettings(_env_file=str(state / "stack.env"))  # type: ignore[call-arg]
+    settings = CommonSettings(_env_file=str(state / "stack.env"))
     stack = Stack(proc, f"http://127.0.0.1:{ingress_port}", env, settings)
     try:
         yield stack

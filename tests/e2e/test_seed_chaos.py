@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -25,46 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from schemas import InferenceReply, ReplyStatus
 from seawall import embedded
 from seawall.client import SeawallClient
 from services.common.bus import wait_for_broker
+from tests.chaos import Outcome, failed, p99, timed_call, timed_calls
 from tests.faults import DelayProxy
 from tests.stack import Stack, launch
-
-
-async def timed_calls(
-    client: SeawallClient, n: int, rate_per_s: float, prefix: str, max_tokens: int = 16
-) -> list[tuple[float, InferenceReply | BaseException]]:
-    """``n`` open-loop calls at ``rate_per_s``: each one's latency and outcome."""
-
-    async def one(i: int) -> tuple[float, InferenceReply | BaseException]:
-        started = time.monotonic()
-        try:
-            reply: InferenceReply | BaseException = await client.complete(
-                f"{prefix} {i}", max_tokens=max_tokens, request_id=f"{prefix}-{i}", timeout_s=90
-            )
-        except Exception as e:
-            reply = e
-        return time.monotonic() - started, reply
-
-    tasks = []
-    for i in range(n):
-        tasks.append(asyncio.create_task(one(i)))
-        await asyncio.sleep(1 / rate_per_s)
-    return list(await asyncio.gather(*tasks))
-
-
-def failed(results: list[tuple[float, InferenceReply | BaseException]]) -> list[str]:
-    return [
-        repr(r) if isinstance(r, BaseException) else f"{r.request_id}: {r.status}/{r.reason}"
-        for _, r in results
-        if isinstance(r, BaseException) or r.status not in (ReplyStatus.OK, ReplyStatus.DEGRADED)
-    ]
-
-
-def p99(results: list[tuple[float, InferenceReply | BaseException]]) -> float:
-    return statistics.quantiles([t for t, _ in results], n=100, method="inclusive")[98]
 
 
 async def test_random_network_delay_loses_nothing_and_fails_nothing(
@@ -144,15 +109,15 @@ async def test_a_leaking_worker_is_restarted_before_it_runs_out_of_memory(
         started = time.monotonic()
         try:
             async with SeawallClient(api_key_id=key["key_id"], settings=stack.settings) as c:
-                calls: list[asyncio.Task[tuple[float, InferenceReply | BaseException]]] = []
+                calls: list[asyncio.Task[Outcome]] = []
                 i = 0
                 while leaky.poll() is None and time.monotonic() - started < 80:
-                    calls.append(asyncio.create_task(one_call(c, i)))
+                    calls.append(asyncio.create_task(timed_call(c, f"leak-{i}", max_tokens=24)))
                     i += 1
                     await asyncio.sleep(0.5)
                 exited_after = time.monotonic() - started
                 for _ in range(6):  # traffic goes on after it left
-                    calls.append(asyncio.create_task(one_call(c, i)))
+                    calls.append(asyncio.create_task(timed_call(c, f"leak-{i}", max_tokens=24)))
                     i += 1
                     await asyncio.sleep(0.5)
                 results = await asyncio.gather(*calls)
@@ -174,14 +139,3 @@ async def test_a_leaking_worker_is_restarted_before_it_runs_out_of_memory(
     assert "out of memory" not in text
     assert leaky.returncode == 1  # it exits for its supervisor to start a fresh one
     assert failed(results) == []
-
-
-async def one_call(client: SeawallClient, i: int) -> tuple[float, InferenceReply | BaseException]:
-    started = time.monotonic()
-    try:
-        reply: InferenceReply | BaseException = await client.complete(
-            f"leak {i}", max_tokens=24, request_id=f"leak-{i}", timeout_s=90
-        )
-    except Exception as e:
-        reply = e
-    return time.monotonic() - started, reply
