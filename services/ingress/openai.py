@@ -8,12 +8,14 @@ list of text parts. The deadline a client may ask for: the ``timeout`` body fiel
 ``X-Seawall-Timeout`` header, in seconds (capped by the server's default).
 
 Status mapping (errors in OpenAI's shape ``{"error": {message, type, param, code}}``,
-``code`` being the stable refusal code or ``ReasonCode``):
+``code`` being the reply's specific ``code`` where it has one, else the stable refusal
+code or ``ReasonCode``):
 
 | cause                                                             | status            |
 |-------------------------------------------------------------------|-------------------|
 | bad JSON, UTF-8 or schema; absurd ``max_tokens``; sensitive data   | 400               |
-| under a ``block`` policy                                          |                   |
+| under a ``block`` policy; longer than the pool's context          |                   |
+| (``context_length_exceeded``; ``engine_refused`` from an engine)  |                   |
 | missing, unknown, wrongly signed, retired or revoked key          | 401               |
 | blacklisted User-Agent; a read-only key for a write               | 403               |
 | unknown model                                                     | 404               |
@@ -21,7 +23,7 @@ Status mapping (errors in OpenAI's shape ``{"error": {message, type, param, code
 | rejected: ``quota_exceeded``, ``region_throttled``                | 429, rate headers |
 | rejected: breaker open, overloaded, quota store down; error:      | 503, Retry-After  |
 | worker shutdown; ingress's own Redis or Kafka down                |                   |
-| error: engine error, undeliverable reply                          | 502               |
+| error: engine error, undeliverable reply, ``stream_interrupted``  | 502               |
 | expired, or no terminal reply by the deadline (+ margin)          | 504               |
 | ok; degraded (with ``X-Seawall-Degraded: <reason>``)              | 200               |
 
@@ -253,7 +255,9 @@ _REJECTED_STATUS = {
     ReasonCode.DEADLINE_EXCEEDED: 504,
     ReasonCode.CANCELLED: 499,
 }
-_ERROR_STATUS = {ReasonCode.WORKER_SHUTDOWN: 503}
+_ERROR_STATUS = {ReasonCode.WORKER_SHUTDOWN: 503, ReasonCode.INVALID_REQUEST: 400}
+"""An ``error`` for ``invalid_request``: the engine refused the request (a prompt longer
+than its context, say); anything else that failed is the fleet's (502)."""
 
 
 def retry_after(seconds: float) -> dict[str, str]:
@@ -285,7 +289,9 @@ def error_for_reply(reply: InferenceReply, default_retry_after_s: float) -> ApiE
     if status in (429, 503):
         retry = reply.rate_limit.retry_after_s if reply.rate_limit else default_retry_after_s
         headers |= retry_after(retry)
-    code = reply.reason.value if reply.reason is not ReasonCode.NONE else reply.status.value
+    code = reply.code or (
+        reply.reason.value if reply.reason is not ReasonCode.NONE else reply.status.value
+    )
     message = reply.message or f"The request was {reply.status.value} ({code})."
     return ApiError(status, code, message, None, headers)
 

@@ -36,6 +36,24 @@ def test_http_json_round_trip(stack: Stack) -> None:
     assert r.headers["x-request-id"]
 
 
+def test_a_request_longer_than_the_engines_context_is_refused_with_openais_code(
+    stack: Stack,
+) -> None:
+    """The main pool's engines run 4,096 tokens (their telemetry says so): admission
+    refuses 2 + 8,000 before any quota or GPU is spent, as vLLM's server would."""
+    key = stack.key("acme-long", "enterprise")["key"]
+    r = httpx.post(
+        f"{stack.url}/v1/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "default", "prompt": "hello there", "max_tokens": 8000},
+        timeout=90,
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "4096" in error["message"]
+
+
 def test_http_sse_round_trip(stack: Stack) -> None:
     key = stack.key("acme-pro", "pro")["key"]
     text, done = [], False

@@ -190,6 +190,8 @@ def reply(
         (ReplyStatus.ERROR, ReasonCode.ENGINE_ERROR, 502),
         (ReplyStatus.ERROR, ReasonCode.REPLY_UNDELIVERABLE, 502),
         (ReplyStatus.ERROR, ReasonCode.WORKER_SHUTDOWN, 503),
+        (ReplyStatus.ERROR, ReasonCode.INVALID_REQUEST, 400),
+        (ReplyStatus.ERROR, ReasonCode.STREAM_INTERRUPTED, 502),
     ],
 )
 def test_reply_statuses(status: ReplyStatus, reason: ReasonCode, http: int | None) -> None:
@@ -201,6 +203,19 @@ def test_reply_statuses(status: ReplyStatus, reason: ReasonCode, http: int | Non
     assert error.status == http
     assert error.code == reason.value
     assert ("Retry-After" in error.headers) == (http in (429, 503))
+
+
+def test_a_specific_code_is_openais_code() -> None:
+    too_long = reply(
+        ReplyStatus.REJECTED,
+        ReasonCode.INVALID_REQUEST,
+        code="context_length_exceeded",
+        message="This model's maximum context length is 4096 tokens.",
+    )
+    error = oai.error_for_reply(too_long, 3)
+    assert error is not None
+    assert (error.status, error.code) == (400, "context_length_exceeded")
+    assert error.body()["error"]["code"] == "context_length_exceeded"
 
 
 def test_rate_limit_headers_come_from_the_reply() -> None:
