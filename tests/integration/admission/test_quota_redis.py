@@ -314,7 +314,7 @@ async def test_a_charged_request_is_not_charged_again(client: aioredis.Redis, pr
     assert 0 < await client.pttl(keys.admitted("acme", "r1")) <= 5_000
     # A refused region charges no tenant, and the replay remembers the region's refusal.
     region_cfg = TierConfig(Tier.BASIC, Limit(1, 0.001), Limit(1.0, 1.0))
-    roomy = TierConfig(Tier.BASIC, Limit(100, 1.0), Limit(100_000, 1.0))
+    roomy = TierConfig(Tier.BASIC, Limit(100, 0.001), Limit(100_000, 0.001))
 
     def regional(rid: str) -> Charge:
         return Charge(
