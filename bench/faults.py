@@ -45,19 +45,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiokafka import AIOKafkaProducer
 
-from seawall import embedded
 from seawall.client import SeawallClient
 from services.common.bus import (
     ensure_topics,
     make_consumer,
     make_producer,
-    wait_for_broker,
 )
 from services.common.settings import CommonSettings
 from services.common.topics import TopicSpec
 from tests.chaos import Traffic, failed, kill_matrix, timed_calls
-from tests.faults import DelayProxy, TcpProxy
-from tests.stack import launch
+from tests.faults import TcpProxy
+from tests.stack import behind_delay, launch
 
 RELAYS = 3
 """ingress, admission and the worker: the services a request passes between its
@@ -153,31 +151,22 @@ async def warm_up(producer: AIOKafkaProducer, reader: Any, first: str) -> None:
 
 
 async def run_delay(work: Path, redis_url: str, n: int, rate_per_s: float) -> dict[str, Any]:
-    port = embedded.free_port()
-    with DelayProxy("127.0.0.1", port, low_s=0.0, high_s=0.0) as proxy:
-        bootstrap = f"127.0.0.1:{proxy.port}"
-        broker = embedded.broker_process(
-            "127.0.0.1", port, work / "broker.log", advertised=bootstrap
-        )
-        broker.start()
-        try:
-            await wait_for_broker(bootstrap)
-            env = {"SEAWALL_KAFKA_BOOTSTRAP": bootstrap, "SEAWALL_KAFKA_IDEMPOTENCE": "false"}
-            with launch(
-                work / "delay", redis_url, "--workers", "1", "--small-workers", "0", env=env
-            ) as stack:
-                key = stack.key("delay-co", "enterprise")
-                async with SeawallClient(api_key_id=key["key_id"], settings=stack.settings) as c:
-                    await timed_calls(c, 10, 2.0, "warm")
-                    alone = [t for t, _ in await timed_calls(c, 5, 0.5, "alone")]
-                    generation_s = min(alone)  # the engine and one pass, nothing queued
-                    plain = await timed_calls(c, n, rate_per_s, "plain")
-                    chain_plain = await chain_latencies(stack.settings, n, rate_per_s, 0.0)
-                    proxy.low_s, proxy.high_s = 0.1, 0.5
-                    delayed = await timed_calls(c, n, rate_per_s, "delayed")
-                    chain_delayed = await chain_latencies(stack.settings, n, rate_per_s, 0.0)
-        finally:
-            broker.stop()
+    async with behind_delay(
+        work / "delay", redis_url, "--workers", "1", "--small-workers", "0"
+    ) as (
+        stack,
+        proxy,
+    ):
+        key = stack.key("delay-co", "enterprise")
+        async with SeawallClient(api_key_id=key["key_id"], settings=stack.settings) as c:
+            await timed_calls(c, 10, 2.0, "warm")
+            alone = [t for t, _ in await timed_calls(c, 5, 0.5, "alone")]
+            generation_s = min(alone)  # the engine and one pass, nothing queued
+            plain = await timed_calls(c, n, rate_per_s, "plain")
+            chain_plain = await chain_latencies(stack.settings, n, rate_per_s, 0.0)
+            proxy.low_s, proxy.high_s = 0.1, 0.5
+            delayed = await timed_calls(c, n, rate_per_s, "delayed")
+            chain_delayed = await chain_latencies(stack.settings, n, rate_per_s, 0.0)
     seawall_plain = summary([t for t, _ in plain])
     seawall_delayed = summary([t for t, _ in delayed])
     chain_plain_s = summary([t + generation_s for t in chain_plain])

@@ -11,15 +11,17 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from seawall import embedded
+from services.common.bus import wait_for_broker
 from services.common.settings import CommonSettings
+from tests.faults import DelayProxy
 
 
 class StackDidNotStart(RuntimeError):
@@ -134,3 +136,27 @@ def launch(
                 os.killpg(proc.pid, signal.SIGKILL)
         _, alive = psutil.wait_procs(children, timeout=10)
         assert alive == [], "seawall up left processes behind"
+
+
+@asynccontextmanager
+async def behind_delay(
+    work: Path, redis_url: str, *extra: str
+) -> AsyncIterator[tuple[Stack, DelayProxy]]:
+    """``seawall up`` on its own embedded broker with a ``DelayProxy`` in front of it:
+    the broker advertises the proxy as its address, so every connection of every
+    service (and of the test's clients) passes it. The proxy starts with no delay; set
+    its ``low_s``/``high_s`` to delay."""
+    broker_port = embedded.free_port()
+    with DelayProxy("127.0.0.1", broker_port, low_s=0.0, high_s=0.0) as proxy:
+        bootstrap = f"127.0.0.1:{proxy.port}"
+        broker = embedded.broker_process(
+            "127.0.0.1", broker_port, work / "broker.log", advertised=bootstrap
+        )
+        broker.start()
+        try:
+            await wait_for_broker(bootstrap)
+            env = {"SEAWALL_KAFKA_BOOTSTRAP": bootstrap, "SEAWALL_KAFKA_IDEMPOTENCE": "false"}
+            with launch(work / "stack", redis_url, *extra, env=env) as stack:
+                yield stack, proxy
+        finally:
+            broker.stop()

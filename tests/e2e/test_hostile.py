@@ -173,11 +173,19 @@ def build_corpus(topics: Topics, ours: str, sdk_topic: str, key_id: str) -> Corp
     targets: list[tuple[str, TypeAdapter[Any], st.SearchStrategy[bytes]]] = []
     requests = _requests(topics, ours)
     ingress_docs = requests.map(lambda d: {**d, "api_key_id": key_id, "deadline_at": None})
+    # aborts from a drawn key id (dead-lettered: no live key) or from the live one
+    aborts = st.tuples(from_schema(_schema("AbortRequest")), st.booleans()).map(
+        lambda t: {**t[0], "api_key_id": key_id} if t[1] else t[0]
+    )
     targets.append(
         (
             topics.ingress,
             INGRESS,
-            st.one_of(_garbage(request_bytes), ingress_docs.map(lambda d: json.dumps(d).encode())),
+            st.one_of(
+                _garbage(request_bytes),
+                ingress_docs.map(lambda d: json.dumps(d).encode()),
+                aborts.map(lambda d: json.dumps(d).encode()),
+            ),
         )
     )
     for p in Priority:

@@ -24,37 +24,23 @@ from pathlib import Path
 
 import pytest
 
-from seawall import embedded
 from seawall.client import SeawallClient
-from services.common.bus import wait_for_broker
 from tests.chaos import Outcome, failed, p99, timed_call, timed_calls
-from tests.faults import DelayProxy
-from tests.stack import Stack, launch
+from tests.stack import Stack, behind_delay, launch
 
 
 async def test_random_network_delay_loses_nothing_and_fails_nothing(
     tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    broker_port = embedded.free_port()
-    with DelayProxy("127.0.0.1", broker_port, low_s=0.0, high_s=0.0) as proxy:
-        bootstrap = f"127.0.0.1:{proxy.port}"
-        broker = embedded.broker_process(
-            "127.0.0.1", broker_port, tmp_path / "broker.log", advertised=bootstrap
-        )
-        broker.start()
-        try:
-            await wait_for_broker(bootstrap)
-            env = {"SEAWALL_KAFKA_BOOTSTRAP": bootstrap, "SEAWALL_KAFKA_IDEMPOTENCE": "false"}
-            with launch(
-                tmp_path / "stack", redis_url, "--workers", "1", "--small-workers", "0", env=env
-            ) as stack:
-                key = stack.key("delay-co", "enterprise")
-                async with SeawallClient(api_key_id=key["key_id"], settings=stack.settings) as c:
-                    baseline = await timed_calls(c, 30, 3.0, "plain")
-                    proxy.low_s, proxy.high_s = 0.1, 0.5
-                    delayed = await timed_calls(c, 60, 3.0, "delayed")
-        finally:
-            broker.stop()
+    async with behind_delay(tmp_path, redis_url, "--workers", "1", "--small-workers", "0") as (
+        stack,
+        proxy,
+    ):
+        key = stack.key("delay-co", "enterprise")
+        async with SeawallClient(api_key_id=key["key_id"], settings=stack.settings) as c:
+            baseline = await timed_calls(c, 30, 3.0, "plain")
+            proxy.low_s, proxy.high_s = 0.1, 0.5
+            delayed = await timed_calls(c, 60, 3.0, "delayed")
     report = {
         "requests": len(delayed),
         "errors": len(failed(delayed)),
