@@ -158,7 +158,7 @@ async def run_delay(work: Path, redis_url: str, n: int, rate_per_s: float) -> di
         proxy,
     ):
         key = stack.key("delay-co", "enterprise")
-        async with SeawallClient(api_key_id=key["key_id"], settings=stack.settings) as c:
+        async with SeawallClient(api_key=key["key"], settings=stack.settings) as c:
             await timed_calls(c, 10, 2.0, "warm")
             alone = [t for t, _ in await timed_calls(c, 5, 0.5, "alone")]
             generation_s = min(alone)  # the engine and one pass, nothing queued

@@ -113,14 +113,12 @@ def events(
 @app.command()
 def submit(
     prompt: Annotated[str | None, typer.Argument(help="The prompt.")] = None,
-    key_id: Annotated[
-        str | None, typer.Option(envvar="SEAWALL_API_KEY_ID", help="The API key's id.")
-    ] = None,
     key: Annotated[
         str | None,
         typer.Option(
             envvar="SEAWALL_API_KEY",
-            help="The API key as `seawall keys create` printed it; only its id is sent.",
+            help="The API key as `seawall keys create` printed it; the request is signed "
+            "with it, only its id and the signature are sent.",
         ),
     ] = None,
     max_tokens: Annotated[int, typer.Option(min=1, max=32_768)] = 256,
@@ -149,13 +147,13 @@ def submit(
     from services.common.settings import CommonSettings
 
     try:
-        resolved_key_id = submit_mod.resolve_key_id(key_id, key)
+        checked_key = submit_mod.check_key(key)
         text, messages = submit_mod.request_input(prompt, system, messages_json)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     code = submit_mod.run(
         CommonSettings(),
-        resolved_key_id,
+        checked_key,
         text,
         messages,
         max_tokens=max_tokens,

@@ -1,16 +1,18 @@
 """The async client SDK: post requests onto the ingress topic, await them on your own
 reply topic.
 
-    async with SeawallClient(api_key_id="k_…") as client:
+    async with SeawallClient(api_key="sk-sw-…") as client:
         reply = await client.complete("Summarise this ticket: …", max_tokens=64)
         async for item in client.stream("Tell me a story", max_tokens=200):
             ...  # ReplyChunk items, then the terminal InferenceReply
 
-- **Reply topic**: one per client instance, ``llm.reply.<owner>``, created on start
-  with one partition and one hour's retention (``Topics.reply_spec``); the client reads
-  it from its end, so start the client before sending.
-- **Identity**: the request names the key by its id, never the secret; ingress takes
-  the tenant, tier and priority from the key's record.
+- **Reply topic**: one per client instance, ``llm.reply.<key id>.<owner>``, created on
+  start with one partition and one hour's retention (``Topics.reply_spec``); ingress
+  sends replies only to reply topics of the key that signed the request. The client
+  reads it from its end, so start the client before sending.
+- **Identity**: every record is signed with the API key (``services.common.signing``:
+  an HMAC in the record's headers; the key itself never travels) and names the key by
+  its id; ingress takes the tenant, tier and priority from the key's record.
 - **Exactly one terminal reply** per call: replies are matched by request id; chunks
   seen before and any record after the terminal reply (at-least-once upstream) are
   dropped and counted in ``stats.duplicates``.
@@ -50,6 +52,7 @@ from schemas import (
     SamplingParams,
 )
 from seawall.retry import RetryBudget, RetryPolicy, attempt_id, retry_after_s, retryable
+from services.common import signing
 from services.common.bus import make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.deadletters import DeadLetters
@@ -92,7 +95,7 @@ class SeawallClient(Component):
     def __init__(
         self,
         *,
-        api_key_id: str,
+        api_key: str,
         settings: CommonSettings | None = None,
         owner: str | None = None,
         retry: RetryPolicy | None = None,
@@ -104,8 +107,12 @@ class SeawallClient(Component):
         super().__init__()
         self._settings = settings or CommonSettings()
         self._topics = topics_of(self._settings)
-        self._key_id = api_key_id
-        self._owner = owner or f"sdk-{uuid.uuid4().hex[:12]}"
+        key_id = signing.key_id_of(api_key)
+        if key_id is None:
+            raise ValueError("api_key is not a seawall API key (sk-sw-<key id>_<secret>)")
+        self._key = api_key
+        self._key_id = key_id
+        self._owner = f"{key_id}.{owner or f'sdk-{uuid.uuid4().hex[:12]}'}"
         self._policy = retry or RetryPolicy()
         self._budget = RetryBudget(self._policy)
         self._timeout_s = timeout_s
@@ -216,7 +223,10 @@ class SeawallClient(Component):
             finished = False
             try:
                 await producer.send_and_wait(
-                    self._topics.ingress, encode(request), key=request.partition_key.encode()
+                    self._topics.ingress,
+                    value := encode(request),
+                    key=request.partition_key.encode(),
+                    headers=self._sign(value),
                 )
                 self._stats.attempts += 1
                 while True:
@@ -265,9 +275,15 @@ class SeawallClient(Component):
         # being cancelled. Stopping the client flushes it.
         with contextlib.suppress(KafkaError):
             await self._producer.send(
-                self._topics.ingress, encode(abort), key=request.partition_key.encode()
+                self._topics.ingress,
+                value := encode(abort),
+                key=request.partition_key.encode(),
+                headers=self._sign(value),
             )
             self._stats.aborted += 1
+
+    def _sign(self, value: bytes) -> list[tuple[str, bytes]]:
+        return signing.sign(self._key, self._key_id, value, self._clock.time())
 
 
 def _message(m: ChatMessage | Mapping[str, str]) -> ChatMessage:

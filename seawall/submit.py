@@ -20,25 +20,22 @@ from pydantic import TypeAdapter, ValidationError
 from schemas import ChatMessage, InferenceReply, ReplyChunk, ReplyStatus
 from seawall.client import ReplyRouterClosed, SeawallClient
 from services.common.settings import CommonSettings
-from services.ingress.keys import KEY_PREFIX, key_id_of
+from services.common.signing import KEY_PREFIX, key_id_of
 
 SERVED = frozenset({ReplyStatus.OK, ReplyStatus.DEGRADED})
 _MESSAGES: TypeAdapter[list[ChatMessage]] = TypeAdapter(list[ChatMessage])
 
 
-def resolve_key_id(key_id: str | None, key: str | None) -> str:
-    """The key id to send, from ``--key-id`` or ``--key`` (exactly one). A full key given
-    as the key id is read as a key, so that no secret is ever sent as an id."""
-    if (key_id is None) == (key is None):
-        raise ValueError("give either --key-id or --key")
-    text = key if key is not None else key_id
-    assert text is not None
-    if key is not None or text.startswith(KEY_PREFIX):
-        derived = key_id_of(text)
-        if derived is None:
-            raise ValueError(f"not a seawall key: expected {KEY_PREFIX}<key id>_<secret>")
-        return derived
-    return text
+def check_key(key: str | None) -> str:
+    """The API key ``--key`` gave: the client signs each record with it (only its id and
+    the signature travel)."""
+    if key is None:
+        raise ValueError(
+            "give --key (or SEAWALL_API_KEY): the key as `seawall keys create` printed it"
+        )
+    if key_id_of(key) is None:
+        raise ValueError(f"not a seawall key: expected {KEY_PREFIX}<key id>_<secret>")
+    return key
 
 
 def request_input(
@@ -97,7 +94,7 @@ def summary_line(s: Submitted) -> str:
 
 async def submit(
     settings: CommonSettings,
-    key_id: str,
+    key: str,
     prompt: str | None,
     messages: list[ChatMessage] | None,
     *,
@@ -108,7 +105,7 @@ async def submit(
 ) -> Submitted:
     """Send one request; write its text to ``out`` (as it streams in) unless ``None``.
     ``TimeoutError`` when no terminal reply came within ``timeout_s``."""
-    async with SeawallClient(api_key_id=key_id, settings=settings, timeout_s=timeout_s) as client:
+    async with SeawallClient(api_key=key, settings=settings, timeout_s=timeout_s) as client:
         started = time.monotonic()
         first: float | None = None
         reply: InferenceReply | None = None
@@ -137,7 +134,7 @@ async def submit(
 
 def run(
     settings: CommonSettings,
-    key_id: str,
+    key: str,
     prompt: str | None,
     messages: list[ChatMessage] | None,
     *,
@@ -154,7 +151,7 @@ def run(
         result = asyncio.run(
             submit(
                 settings,
-                key_id,
+                key,
                 prompt,
                 messages,
                 max_tokens=max_tokens,

@@ -202,9 +202,7 @@ async def kill_matrix(
     return the figures (``tests/e2e/test_kill_matrix.py`` says what must hold)."""
     tiers = ("enterprise", "pro", "basic")
     keys = {t: stack.key(f"km-{t}", t) for t in tiers}
-    clients = {
-        t: SeawallClient(api_key_id=keys[t]["key_id"], settings=stack.settings) for t in tiers
-    }
+    clients = {t: SeawallClient(api_key=keys[t]["key"], settings=stack.settings) for t in tiers}
     for c in clients.values():
         await c.start()
     calls: list[Call] = []

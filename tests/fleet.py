@@ -73,19 +73,22 @@ async def produce(
 
 
 class ReplyReader:
-    """Reads one reply topic; keeps every chunk and terminal reply, duplicates included."""
+    """Reads reply topics (created if need be; ``topic`` is the first's); keeps every
+    chunk and terminal reply, duplicates included."""
 
-    def __init__(self, settings: CommonSettings, topics: Topics, owner: str = "client") -> None:
+    def __init__(
+        self, settings: CommonSettings, topics: Topics, owner: str = "client", *more: str
+    ) -> None:
         self.settings = settings
         self.topic = topics.reply(owner)
-        self._spec = topics.reply_spec(owner)
+        self._specs = [topics.reply_spec(o) for o in (owner, *more)]
         self.chunks: dict[str, list[ReplyChunk]] = defaultdict(list)
         self.terminals: dict[str, list[InferenceReply]] = defaultdict(list)
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> ReplyReader:
-        await ensure_topics(self.settings.kafka_bootstrap, [self._spec])
-        self._consumer = make_consumer(self.settings, self.topic, group_id=None)
+        await ensure_topics(self.settings.kafka_bootstrap, self._specs)
+        self._consumer = make_consumer(self.settings, *(s.name for s in self._specs), group_id=None)
         await self._consumer.start()
         return self
 

@@ -1,9 +1,9 @@
 """``seawall load``, the shell: keys for the synthetic tenants, one client per tenant,
 requests sent at their planned times (never waiting for replies), a drain, the results.
 
-Keys are created through the key store as ``seawall keys create`` does, or reused: a
-tenant that already has an active key keeps it (the client needs only the key id, and
-the store keeps no secrets), so repeated runs do not pile up keys.
+Keys are created through the key store as ``seawall keys create`` does, one per tenant
+and run (the clients sign with the key, which the store never keeps, so a run cannot
+reuse an earlier run's), and revoked when the run ends.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -29,7 +28,7 @@ from seawall.client import ClientStats, ReplyRouterClosed, RetryPolicy, SeawallC
 from seawall.load import display, profiles, stats
 from seawall.load.profiles import PlannedRequest, Tenant
 from seawall.retry import attempt_of
-from services.ingress.keys import phase
+from services.ingress.keys import IssuedKey
 from services.ingress.keys_cli import open_keystore
 from services.ingress.keystore import KeyStore
 from services.ingress.settings import IngressSettings
@@ -62,22 +61,23 @@ class LoadConfig:
         return doc
 
 
-async def tenant_keys(store: KeyStore, tenants: Sequence[Tenant], now: float) -> list[str]:
-    """A key id per tenant: its newest active key, or a new one. The tenant's tier is set
-    to the planned one first (a no-op, and nothing audited, when it already is)."""
-    ids = []
+async def tenant_keys(store: KeyStore, tenants: Sequence[Tenant]) -> list[IssuedKey]:
+    """A new key per tenant for this run (records are signed with the key itself, which
+    the store never keeps, so a run cannot reuse an earlier run's). The tenant's tier is
+    set to the planned one first (a no-op, and nothing audited, when it already is)."""
+    issued = []
     for tenant in tenants:
         await store.set_policy(tenant.name, tier=tenant.tier)
-        active = [
-            k.record.key_id
-            for k in await store.list_keys(tenant.name)
-            if phase(k.record, now) == "active"
-        ]
-        if not active:
-            issued, _ = await store.create(tenant.name)
-            active.append(issued.record.key_id)
-        ids.append(active[-1])
-    return ids
+        key, _ = await store.create(tenant.name)
+        issued.append(key)
+    return issued
+
+
+async def revoke_keys(settings: IngressSettings, keys: Sequence[IssuedKey]) -> None:
+    """The run's keys are of no use after it: revoked (and purged in due course)."""
+    async with open_keystore(settings) as store:
+        for k in keys:
+            await store.revoke(k.record.key_id)
 
 
 def _sum_stats(clients: Sequence[SeawallClient]) -> dict[str, int]:
@@ -194,13 +194,14 @@ async def run(config: LoadConfig, settings: IngressSettings, console: Console) -
     )
     requests = profiles.plan(segs, len(tenants), config.prompts, rng)
     async with open_keystore(settings) as store:
-        key_ids = await tenant_keys(store, tenants, time.time())
+        keys = await tenant_keys(store, tenants)
     retry = RetryPolicy(max_attempts=config.max_attempts)
     clients = [
-        SeawallClient(api_key_id=k, settings=settings, retry=retry, timeout_s=config.timeout_s)
-        for k in key_ids
+        SeawallClient(api_key=k.key, settings=settings, retry=retry, timeout_s=config.timeout_s)
+        for k in keys
     ]
     async with AsyncExitStack() as exits:
+        exits.push_async_callback(revoke_keys, settings, keys)
         exits.push_async_callback(lambda: asyncio.gather(*(c.stop() for c in clients)))
         await asyncio.gather(*(c.start() for c in clients))
         load = _Run(config, tenants, clients)
@@ -224,8 +225,8 @@ async def run(config: LoadConfig, settings: IngressSettings, console: Console) -
     doc_config = config.as_json() | {
         "expected_arrivals": profiles.expected_arrivals(segs),
         "tenant_keys": [
-            {"name": t.name, "tier": t.tier.value, "key_id": k}
-            for t, k in zip(tenants, key_ids, strict=True)
+            {"name": t.name, "tier": t.tier.value, "key_id": k.record.key_id}
+            for t, k in zip(tenants, keys, strict=True)
         ],
     }
     return stats.document(summary, doc_config, client_stats)

@@ -594,7 +594,7 @@ class Admission(Component):
         unavailable (what it did not take is back in its backlog)."""
         if not picked:
             return True
-        cancelled = await self._cancelled([w.request.request_id for w in picked])
+        cancelled = await self._cancelled([w.request for w in picked])
         now, mono = self.clock.time(), self.clock.monotonic()
         lens = self.capacity.model_lens(mono)
         sends: list[tuple[_Waiting, Admit, asyncio.Future[Any]]] = []
@@ -645,17 +645,17 @@ class Admission(Component):
             self._requeue(unsent)
         return not unsent
 
-    async def _cancelled(self, request_ids: list[str]) -> list[bool]:
-        """Which requests carry the client's abort marker (none, if Redis is down)."""
+    async def _cancelled(self, requests: list[InferenceRequest]) -> list[bool]:
+        """Which requests carry their client's abort marker (none, if Redis is down)."""
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for rid in request_ids:
-                    pipe.exists(self.keys.abort(rid))
+                for r in requests:
+                    pipe.exists(self.keys.abort(r.tenant, r.request_id))
                 found: list[int] = await pipe.execute()
         except _STORE_ERRORS as e:
             m.QUOTA_STORE_ERRORS.labels("abort_check").inc()
             log.warning("could not check abort markers", extra={"error": str(e)})
-            return [False] * len(request_ids)
+            return [False] * len(requests)
         return [bool(n) for n in found]
 
     # -- terminal replies and dead letters ------------------------------------------------

@@ -62,6 +62,13 @@ class Topics:
         """A reply topic owned by one client or ingress instance."""
         return f"{self.prefix}llm.reply.{owner}"
 
+    def key_replies(self, key_id: str) -> str:
+        """What the reply topics of the clients of API key ``key_id`` start with: a
+        record on the ingress topic may name only a reply topic of the key that signed
+        it (``llm.reply.<key id>.<owner>``), so no producer can send replies into
+        another's topic."""
+        return self.reply(f"{key_id}.")
+
     def reply_spec(self, owner: str, retention_ms: int = 3600 * 1000) -> TopicSpec:
         """Reply topics keep an hour: long enough for a reconnecting client to catch up,
         short enough that abandoned ones cost little."""
@@ -119,7 +126,14 @@ class RedisKeys:
         """Tokens admission reserved for a request, until its completion corrects them."""
         return f"{self.prefix}reservation:{{{tenant}}}:{request_id}"
 
-    def abort(self, request_id: str) -> str:
+    def abort(self, tenant: str, request_id: str) -> str:
         """Set (with a TTL) by ingress when a request's client went away; admission
-        checks it before dispatching and answers the request as ``cancelled``."""
-        return f"{self.prefix}abort:{request_id}"
+        checks it before dispatching and answers the request as ``cancelled``. Scoped by
+        tenant: nobody can abort another tenant's request by naming its id."""
+        return f"{self.prefix}abort:{{{tenant}}}:{request_id}"
+
+    def seen(self, tenant: str, request_id: str) -> str:
+        """Where the Kafka ingress records which record first carried a signed request
+        id (its topic, partition and offset): another record with the same id is a
+        replay; the same record again is a redelivery."""
+        return f"{self.prefix}seen:{{{tenant}}}:{request_id}"

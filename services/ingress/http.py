@@ -174,7 +174,7 @@ def create_app(
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         principal = await gate.authenticate(
-            _bearer(request.headers.get("authorization")), action="read"
+            _bearer(request.headers.get("authorization")), action="read", source=source_of(request)
         )
         if isinstance(principal, Refusal):
             return refused("models", principal, {})
@@ -190,6 +190,14 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await infer(request, chat=False)
+
+    def source_of(request: Request) -> str:
+        """The client's address (past ``trusted_proxies``); empty when unknown."""
+        peer = request.client.host if request.client else None
+        address = client_address(
+            request.headers.getlist("x-forwarded-for"), peer, settings.trusted_proxies
+        )
+        return str(address.ip) if address.ip is not None else ""
 
     # -- admission to the bus ------------------------------------------------------
     async def read_body(request: Request) -> bytes | Refusal:
@@ -215,7 +223,10 @@ def create_app(
         refusal = gate.check_user_agent(user_agent)
         if refusal is not None:
             return refusal
-        principal = await gate.authenticate(_bearer(request.headers.get("authorization")))
+        source = source_of(request)
+        principal = await gate.authenticate(
+            _bearer(request.headers.get("authorization")), source=source
+        )
         if isinstance(principal, Refusal):
             return principal
         parsed: oai.Body | Refusal = (
@@ -226,10 +237,6 @@ def create_app(
         timeout = _timeout_header(request.headers.get(TIMEOUT_HEADER))
         if isinstance(timeout, Refusal):
             return timeout
-        peer = request.client.host if request.client else None
-        address = client_address(
-            request.headers.getlist("x-forwarded-for"), peer, settings.trusted_proxies
-        )
         model = parsed.model or next(iter(settings.models))
         now = clock.time()
         draft = oai.to_request(
@@ -243,7 +250,7 @@ def create_app(
             session_id=request.headers.get(SESSION_HEADER) or parsed.user,
             client=ClientMeta(
                 user_agent=(user_agent or "")[:512],
-                client_ip=str(address.ip) if address.ip is not None else "",
+                client_ip=source,
             ),
         )
         if isinstance(draft, Refusal):
@@ -444,4 +451,6 @@ class _Waiter:
             else:
                 cause = "disconnect" if self._router.running else "shutdown"
             with contextlib.suppress(RedisError):
-                await self._gate.abort(self._request.request_id, self._request.deadline_at, cause)
+                await self._gate.abort(
+                    self._request.tenant, self._request.request_id, self._request.deadline_at, cause
+                )

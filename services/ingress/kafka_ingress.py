@@ -1,27 +1,35 @@
 """The Kafka ingress: requests that producers post straight onto ``llm.ingress``.
 
-They go through the same gate as HTTP requests (``pipeline.py``); the producer names
-its tenant by ``api_key_id`` (the key id, never the key), and the tenant, tier and
-priority are taken from that key's record, whatever the record says.
+A record must prove its key: it is signed with the API key (``services.common.signing``:
+headers ``seawall-key-id``, ``seawall-timestamp``, ``seawall-signature``, an HMAC over
+the timestamp, the key id and the SHA-256 of the value). Then it goes through the same
+gate as an HTTP request (``pipeline.py``); tenant, tier and priority are the key's,
+whatever the record says.
+
+Refused without an answer, as a dead letter with the reason (``pipeline.Forged``), is
+every record that does not prove its key or oversteps it: unsigned, an unknown key, a
+bad signature (any byte of the value or of the headers changed), a timestamp outside
+``signature_window_s``, a body naming another key id than its signature, a
+``reply_to`` that is not one of the signing key's reply topics
+(``llm.reply.<key id>.<owner>``: nobody can send replies into another's topic), and a
+request id that another record already carried (a replay; the same record redelivered
+is not one). Its ``reply_to`` is not known to reach its producer, and answering a
+replay would tell the victim a lie.
 
 It is a ``ConsumerLoop`` (``services.common.consuming``): per fetched batch, every
-record is judged (``decide``: at most ``redis_fanout`` at once, the key lookups being
-the slow part), then, in record order, its effect is queued — the request onto its
-priority topic, a terminal ``rejected`` reply onto the producer's ``reply_to``, or a
-dead letter — and the batch is committed once every effect is acknowledged. A crash
-before the commit means the batch comes again; its duplicates carry the same request
-ids and are dropped downstream.
+record is judged (``decide``: at most ``redis_fanout`` at once), then, in record order,
+its effect is queued — the request onto its priority topic, a terminal ``rejected``
+reply onto its reply topic, or a dead letter — and the batch is committed once every
+effect is acknowledged. A crash before the commit means the batch comes again; its
+duplicates carry the same request ids and are dropped downstream.
 
-- An ``AbortRequest`` from a live key sets the abort marker of its request id (as HTTP
-  ingress does when its client goes away); one from a key that is not live is
-  dead-lettered with the refusal's code.
+- An ``AbortRequest`` (signed too) from a live key sets the abort marker of its
+  tenant's request id; one from a key that is not live is dead-lettered.
 - A record that does not decode is dead-lettered (``invalid_json``, ...), and so is one
-  whose ``reply_to`` is not a reply topic (``invalid_reply_to``) or names one that does
-  not exist (``reply_topic_unreachable``): ingress writes replies onto existing reply
-  topics only, never onto a topic a producer merely names.
-- A record that decodes but fails a filter (oversize, blacklisted client, unknown or
-  retired key id, sensitive data under ``block``, absurd ``max_tokens``) gets a
-  terminal ``rejected`` reply, and nothing reaches the priority topics. So does one
+  whose reply topic does not exist (``reply_topic_unreachable``).
+- A signed record that fails a filter (a retired key, oversize, blacklisted client,
+  sensitive data under ``block``, absurd ``max_tokens``) gets a terminal ``rejected``
+  reply on its key's reply topic, and nothing reaches the priority topics; so does one
   whose processing fails for any other reason of its own (``processing_error``).
 - Redis or the broker not answering: the records are judged again after a backoff.
 """
@@ -44,7 +52,8 @@ from services.common.lifecycle import Component
 from services.common.serde import INGRESS, DecodeError, decode
 from services.common.topics import Topics
 from services.ingress import metrics as m
-from services.ingress.pipeline import Gate, Refusal
+from services.ingress.keys import KeyRecord
+from services.ingress.pipeline import Forged, Gate, Refusal
 from services.ingress.settings import IngressSettings
 
 
@@ -119,40 +128,64 @@ class KafkaIngress(Component):
 
     # -- the handler (services.common.consuming.Handler) ---------------------------
     async def decide(self, record: Record) -> _Effect:
+        value = record.value or b""
+        key = await self._gate.verify_signed(record.headers, value)
+        if isinstance(key, Forged):
+            return _DeadLetter(key.error())
         try:
-            request = decode(INGRESS, record.value)
+            request = decode(INGRESS, value)
         except DecodeError as e:
             return _DeadLetter(e)
+        forged = await self._bound_to(key, request, record)
+        if forged is not None:
+            return _DeadLetter(forged.error())
+        principal = await self._gate.principal(key, "inference")
         if isinstance(request, AbortRequest):
-            return await self._judge_abort(request)
+            if isinstance(principal, Refusal):
+                return _DeadLetter(DecodeError(principal.code, principal.message))
+            # Set here, not when applying: a Redis failure then retries the record like
+            # a failed key lookup does. The marker is idempotent.
+            await self._gate.abort(
+                principal.tenant, request.request_id, request.deadline_at, request.cause
+            )
+            return _Aborted()
         try:
             await self._replies.check(request.reply_to)
         except Undeliverable as e:
             return _DeadLetter(e)
+        if isinstance(principal, Refusal):  # a retired or revoked key: it may know why
+            return _Reject(request, principal)
         gate = self._gate
         user_agent = request.client.user_agent
-        refusal = gate.check_size(record.value, self._settings.max_record_bytes) or (
+        refusal = gate.check_size(value, self._settings.max_record_bytes) or (
             gate.check_user_agent(user_agent) if user_agent else None
         )
         if refusal is not None:
             return _Reject(request, refusal)
-        principal = await gate.identify(request.api_key_id)
-        if isinstance(principal, Refusal):
-            return _Reject(request, principal)
         prepared = await gate.prepare(request, principal)
         if isinstance(prepared, Refusal):
             return _Reject(request, prepared)
         return _Publish(prepared)
 
-    async def _judge_abort(self, abort: AbortRequest) -> _Effect:
-        principal = await self._gate.identify(abort.api_key_id)
-        if isinstance(principal, Refusal):
-            # No reply topic to answer on: the refusal goes to the dead letters.
-            return _DeadLetter(DecodeError(principal.code, principal.message))
-        # Set here, not when applying: a Redis failure then retries the record like a
-        # failed key lookup does. The marker is idempotent.
-        await self._gate.abort(abort.request_id, abort.deadline_at, abort.cause)
-        return _Aborted()
+    async def _bound_to(
+        self, key: KeyRecord, message: InferenceRequest | AbortRequest, record: Record
+    ) -> Forged | None:
+        """What a record signed by ``key`` may not do: speak for another key, send
+        replies to a topic that is not one of its key's, or repeat another record's
+        request id (a replay)."""
+        if message.api_key_id != key.key_id:
+            return Forged("key_mismatch")
+        if isinstance(message, InferenceRequest) and not message.reply_to.startswith(
+            self._topics.key_replies(key.key_id)
+        ):
+            return Forged("foreign_reply_to")
+        position = f"{record.topic}/{record.partition}/{record.offset}"
+        kind = "abort" if isinstance(message, AbortRequest) else "request"
+        if not await self._gate.first_sighting(
+            key.tenant, f"{kind}:{message.request_id}", position
+        ):
+            return Forged("replayed")
+        return None
 
     async def effect(self, record: Record, decision: _Effect) -> asyncio.Future[Any] | None:
         if isinstance(decision, _Publish):

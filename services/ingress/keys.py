@@ -5,7 +5,9 @@ to secret scanners, the key id (12 hex characters, not secret) names the key in 
 store, in audit events and in logs, and the secret is 256 random bits. Only
 ``hash_key``'s HMAC-SHA-256 under a server pepper is stored: with 256-bit secrets a
 plain hash would already be unguessable, and the pepper makes a leaked table of hashes
-useless without the server's secret. Verification compares in constant time.
+useless without the server's secret. Verification compares in constant time. Beside it
+the store keeps the key's record-signing key, wrapped under the pepper too
+(``services.common.signing``): what verifying a signed Kafka record needs, no more.
 
 Phases, counted from creation (or from rotation, which ends the active phase early):
 
@@ -27,12 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 import secrets
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-KEY_PREFIX = "sk-sw-"
+from services.common import signing
+from services.common.signing import KEY_PREFIX
+
 DAY_S = 86_400.0
 
 Phase = Literal["active", "grace", "retired", "purged", "revoked"]
@@ -47,7 +50,6 @@ _DISABLED: dict[Phase, KeyReason] = {
     "purged": "key_purged",
     "revoked": "key_revoked",
 }
-_KEY = re.compile(rf"{re.escape(KEY_PREFIX)}(?P<id>[0-9a-f]{{12}})_[A-Za-z0-9_-]{{16,}}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,10 @@ class KeyRecord:
     rotated_at: float | None = None
     """Set when the key was replaced; its grace period starts then."""
     revoked_at: float | None = None
+    signing_key: str = field(default="", repr=False)
+    """The key records on the ingress topic are signed with, wrapped under the pepper
+    (``services.common.signing``); empty for a key issued before records were signed
+    (rotate it to produce to the ingress topic)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,16 +99,13 @@ def hash_key(key: str, pepper: bytes) -> str:
     return hmac.new(pepper, key.encode(), hashlib.sha256).hexdigest()
 
 
-def key_id_of(presented: str) -> str | None:
-    """The key id of a well-formed key, ``None`` otherwise (look nothing up then)."""
-    m = _KEY.fullmatch(presented)
-    return m.group("id") if m else None
-
-
 def generate_key(tenant: str, now: float, pepper: bytes) -> IssuedKey:
     key_id = secrets.token_hex(6)
     key = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-    return IssuedKey(KeyRecord(key_id, tenant, hash_key(key, pepper), now), key)
+    wrapped = signing.wrap(signing.signing_key(key), pepper, key_id)
+    return IssuedKey(
+        KeyRecord(key_id, tenant, hash_key(key, pepper), now, signing_key=wrapped), key
+    )
 
 
 def verify(presented: str, record: KeyRecord, pepper: bytes) -> bool:

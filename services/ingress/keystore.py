@@ -6,6 +6,7 @@ The lifecycle rules are ``keys.py``'s; this module only keeps their state. Layou
 | key                          | type | holds                                                   |
 |------------------------------|------|---------------------------------------------------------|
 | ``<p>key:<key id>``          | hash | ``tenant``, ``key_hash`` (HMAC, never the key),         |
+|                              |      | ``signing_key`` (wrapped under the pepper),            |
 |                              |      | ``created_at``, ``rotated_at``, ``revoked_at`` (epoch s) |
 | ``<p>tenant:{<t>}:keys``     | set  | the tenant's key ids                                    |
 | ``<p>tenant:{<t>}:policy``   | hash | ``tier``, ``sensitive`` (``block`` or ``redact``)       |
@@ -27,6 +28,7 @@ key that no listing shows.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Literal, cast
 
@@ -120,6 +122,8 @@ class KeyStore:
         default_sensitive: SensitivePolicy = "redact",
         lifecycle: LifecyclePolicy = DEFAULT_POLICY,
         clock: Clock = SYSTEM_CLOCK,
+        cache_s: float = 0.0,
+        cache_size: int = 10_000,
     ) -> None:
         self._redis = redis
         self._keys = redis_keys
@@ -128,6 +132,9 @@ class KeyStore:
         self._default_sensitive: SensitivePolicy = default_sensitive
         self.lifecycle = lifecycle
         self._clock = clock
+        self._cache_s = cache_s
+        self._cache_size = cache_size
+        self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
 
     # -- layout ------------------------------------------------------------------
     def _policy_key(self, tenant: str) -> str:
@@ -141,7 +148,26 @@ class KeyStore:
     async def get(self, key_id: str) -> KeyRecord | None:
         """The key's record; ``None`` if there is none, or none that can be read (a
         damaged record is logged and treated as absent: the key does not work, and
-        no request can crash ingress with it)."""
+        no request can crash ingress with it).
+
+        With ``cache_s``, what was read (absent records too) is kept that long, for at
+        most ``cache_size`` key ids: a stream of records, or of bad signatures, for
+        one key costs one Redis read per ``cache_s``; a key revoked elsewhere stops
+        working here within ``cache_s``."""
+        if self._cache_s <= 0:
+            return await self._read(key_id)
+        now = self._clock.monotonic()
+        hit = self._cache.get(key_id)
+        if hit is not None and now - hit[0] < self._cache_s:
+            return hit[1]
+        record = await self._read(key_id)
+        self._cache[key_id] = (now, record)
+        self._cache.move_to_end(key_id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return record
+
+    async def _read(self, key_id: str) -> KeyRecord | None:
         fields = await self._hash(self._keys.api_key(key_id))
         if not fields:
             return None
@@ -154,6 +180,7 @@ class KeyStore:
                 created_at=float(fields["created_at"]),
                 rotated_at=dates["rotated_at"],
                 revoked_at=dates["revoked_at"],
+                signing_key=fields.get("signing_key", ""),
             )
         except (KeyError, ValueError, TypeError):
             log.error("damaged key record", extra={"key_id": key_id})
@@ -260,15 +287,18 @@ class KeyStore:
         return old, issued
 
     async def _require(self, key_id: str) -> KeyRecord:
-        record = await self.get(key_id)
+        record = await self._read(key_id)  # never a cached copy: it is about to change
         if record is None:
             raise KeyNotFound(key_id)
         return record
 
     async def _store(self, record: KeyRecord) -> None:
+        self._cache.pop(record.key_id, None)
         await cast(Any, self._redis.sadd(self._keys.tenant_keys(record.tenant), record.key_id))
         key = self._keys.api_key(record.key_id)
         fields: dict[FieldT, EncodableT] = {"tenant": record.tenant, "key_hash": record.key_hash}
+        if record.signing_key:
+            fields["signing_key"] = record.signing_key
         fields |= {
             name: repr(value) for name in _DATES if (value := getattr(record, name)) is not None
         }

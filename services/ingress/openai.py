@@ -17,6 +17,7 @@ code or ``ReasonCode``):
 | under a ``block`` policy; longer than the pool's context          |                   |
 | (``context_length_exceeded``; ``engine_refused`` from an engine)  |                   |
 | missing, unknown, wrongly signed, retired or revoked key          | 401               |
+| too many failed authentications from the client's address         | 429, Retry-After  |
 | blacklisted User-Agent; a read-only key for a write               | 403               |
 | unknown model                                                     | 404               |
 | body over the limit                                               | 413               |
@@ -233,12 +234,13 @@ _REFUSAL_STATUS = {
     ReasonCode.UNAUTHENTICATED: 401,
     ReasonCode.FORBIDDEN: 403,
 }
-_CODE_STATUS = {"body_too_large": 413, "model_not_found": 404}
+_CODE_STATUS = {"body_too_large": 413, "model_not_found": 404, "too_many_failures": 429}
 
 
 def error_for_refusal(refusal: Refusal) -> ApiError:
     status = _CODE_STATUS.get(refusal.code) or _REFUSAL_STATUS.get(refusal.reason, 400)
-    return ApiError(status, refusal.code, refusal.message, refusal.param)
+    headers = {} if refusal.retry_after_s is None else retry_after(refusal.retry_after_s)
+    return ApiError(status, refusal.code, refusal.message, refusal.param, headers)
 
 
 _REJECTED_STATUS = {

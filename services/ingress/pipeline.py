@@ -6,9 +6,10 @@ checks first, nothing parsed before its size is known):
 
 1. ``check_size``: the raw bytes against the limit (HTTP before parsing);
 2. ``check_user_agent``: the blacklist;
-3. ``authenticate`` (HTTP: the full key, verified in constant time) or ``identify``
-   (Kafka: the key id only; who may write ``llm.ingress`` at all is Kafka's ACLs'
-   business): the key must exist and be in a phase that allows inference;
+3. ``authenticate`` (HTTP: the full key, verified in constant time) or
+   ``verify_signed`` (Kafka: the record's signature by its key, ``services.common.
+   signing``), then ``principal``: the key must exist and be in a phase that allows
+   inference;
 4. ``prepare``: the tenant, tier and priority from the key's tenant (whatever the
    request claimed), the model's pool, the deadline, the client's region, the
    ``max_tokens`` cap, the tenant's sensitive-data policy (block or redact) and the
@@ -26,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any, cast
@@ -36,22 +39,26 @@ from pydantic import ValidationError
 
 from schemas import ChatMessage, InferenceRequest, ReasonCode
 from schemas.requests import TIER_PRIORITY
+from services.common import signing
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.sensitive import Finding, screen, summary
-from services.common.serde import describe, encode
+from services.common.serde import DecodeError, describe, encode
 from services.common.tokenizer import count_tokens
 from services.common.topics import RedisKeys, Topics
 from services.ingress import metrics as m
+from services.ingress.denials import DenialAudit, FailureLimiter
 from services.ingress.filters.body import check_body
 from services.ingress.filters.geo import RegionTable, parse_ip
 from services.ingress.filters.useragent import UserAgentBlacklist
-from services.ingress.keys import Action, KeyDecision, KeyRecord, check, key_id_of, verify
-from services.ingress.keystore import AuditLog, KeyStore, TenantPolicy
+from services.common.signing import key_id_of
+from services.ingress.keys import Action, KeyDecision, KeyRecord, check, verify
+from services.ingress.keystore import KeyStore, TenantPolicy
 from services.ingress.settings import IngressSettings
 
 log = logging.getLogger(__name__)
 
 ABORT_MARKER_MARGIN_S = 60
+_KEY_ID = re.compile(r"[0-9a-f]{12}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,8 @@ class Refusal:
     """For the client; never carries the inspected input."""
     param: str | None = None
     """The offending request field, where there is one."""
+    retry_after_s: float | None = None
+    """When trying again may succeed (HTTP ``Retry-After``), where that is known."""
 
 
 def invalid(code: str, message: str, param: str | None = None) -> Refusal:
@@ -89,6 +98,7 @@ _KEY_MESSAGES = {
     "key_purged": "Incorrect API key provided.",
     "key_revoked": "This API key has been revoked.",
     "key_read_only": "This API key is in its grace period: it may only read.",
+    "too_many_failures": "Too many failed authentications from this address: try later.",
 }
 
 
@@ -119,12 +129,27 @@ class Principal:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Forged:
+    """A record on the ingress topic that does not prove who sent it, or tries what its
+    key may not: dead-lettered, never answered (its ``reply_to`` is not known to reach
+    the producer, and answering a replay would tell its victim a lie). ``reason``:
+    ``unsigned``, ``unknown_key``, ``bad_signature``, ``stale_timestamp`` (the
+    signature's window passed), ``key_mismatch`` (the body names another key),
+    ``foreign_reply_to`` (a reply topic of another key), ``replayed``."""
+
+    reason: str
+
+    def error(self) -> DecodeError:
+        return DecodeError(self.reason, f"unauthenticated: {self.reason.replace('_', ' ')}")
+
+
 class Gate:
     def __init__(
         self,
         settings: IngressSettings,
         keystore: KeyStore,
-        audit: AuditLog,
+        denials: DenialAudit,
         producer: AIOKafkaProducer,
         topics: Topics,
         redis: aioredis.Redis,
@@ -134,7 +159,10 @@ class Gate:
         self._redis = redis
         self._redis_keys = RedisKeys(settings.redis_prefix)
         self._keystore = keystore
-        self._audit = audit
+        self._denials = denials
+        self._sources = FailureLimiter(
+            settings.failed_auth_per_source_per_s, settings.failed_auth_per_source_burst
+        )
         self._producer = producer
         self._topics = topics
         self._clock = clock
@@ -163,10 +191,29 @@ class Gate:
 
     # -- keys --------------------------------------------------------------------
     async def authenticate(
-        self, presented: str | None, action: Action = "inference"
+        self, presented: str | None, action: Action = "inference", source: str = ""
     ) -> Principal | Refusal:
         """The full key of an HTTP request. Its existence and phase are only revealed
-        to whoever holds the right secret."""
+        to whoever holds the right secret. A ``source`` (client address) that failed too
+        often lately is refused before any lookup (``denials``)."""
+        now = self._clock.monotonic()
+        wait_s = self._sources.exhausted(source, now) if source else 0.0
+        if wait_s > 0:
+            m.REFUSALS.labels("http", "too_many_failures").inc()
+            return Refusal(
+                ReasonCode.UNAUTHENTICATED,
+                "too_many_failures",
+                _KEY_MESSAGES["too_many_failures"],
+                retry_after_s=wait_s,
+            )
+        refusal = await self._check_key(presented)
+        if isinstance(refusal, Refusal):
+            if source:
+                self._sources.fail(source, now)
+            return refusal
+        return await self.principal(refusal, action)
+
+    async def _check_key(self, presented: str | None) -> KeyRecord | Refusal:
         if not presented:
             return _unauthenticated("missing_api_key")
         key_id = key_id_of(presented)
@@ -174,34 +221,50 @@ class Gate:
         if record is None:
             return _unauthenticated("invalid_api_key")
         if not verify(presented, record, self.settings.pepper):
-            await self._audit.record(
-                record.tenant,
-                "key_denied",
-                key_id=record.key_id,
-                outcome="denied",
-                detail={"reason": "bad_secret"},
-            )
+            self._denials.note(record.tenant, record.key_id, {"reason": "bad_secret"})
             return _unauthenticated("invalid_api_key")
-        return await self._principal(record, action)
+        return record
 
-    async def identify(self, key_id: str | None) -> Principal | Refusal:
-        """The key id of a record on the ingress topic."""
-        if not key_id:
-            return _unauthenticated("missing_api_key_id")
-        record = await self._keystore.get(key_id)
-        if record is None:
-            return _unauthenticated("invalid_api_key")
-        return await self._principal(record, "inference")
+    async def verify_signed(
+        self, headers: Sequence[tuple[str, bytes]] | None, value: bytes
+    ) -> KeyRecord | Forged:
+        """The key that signed a record on the ingress topic (``services.common.signing``),
+        or why the record proves nothing. Bad signatures for a known key are audited,
+        sparingly (``denials``)."""
+        claim = signing.claimed(headers)
+        if claim is None or not _KEY_ID.fullmatch(claim.key_id):
+            return Forged("unsigned")
+        record = await self._keystore.get(claim.key_id)
+        if record is None or not record.signing_key:
+            return Forged("unknown_key")
+        key = signing.unwrap(record.signing_key, self.settings.pepper, record.key_id)
+        refusal = signing.verify(
+            claim, value, key, self._clock.time(), self.settings.signature_window_s
+        )
+        if refusal is not None:
+            self._denials.note(record.tenant, record.key_id, {"reason": refusal})
+            return Forged(refusal)
+        return record
 
-    async def _principal(self, record: KeyRecord, action: Action) -> Principal | Refusal:
+    async def first_sighting(self, tenant: str, request_id: str, position: str) -> bool:
+        """Whether the record at ``position`` (topic/partition/offset) is the first to
+        carry this signed request id: a redelivery of that same record is; any other
+        record with the id is a replay. Remembered for twice the signature window,
+        past which a replay fails its timestamp anyway."""
+        key = self._redis_keys.seen(tenant, request_id)
+        ttl_ms = int(2 * self.settings.signature_window_s * 1000)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.set(key, position, nx=True, px=ttl_ms)
+            pipe.get(key)
+            _, first = await pipe.execute()
+        return bool(first is not None and first.decode() == position)
+
+    async def principal(self, record: KeyRecord, action: Action) -> Principal | Refusal:
+        """Who a verified key speaks for, if its phase allows ``action`` now."""
         decision = check(record, action, self._clock.time(), self._keystore.lifecycle)
         if not decision.allowed:
-            await self._audit.record(
-                record.tenant,
-                "key_denied",
-                key_id=record.key_id,
-                outcome="denied",
-                detail={"reason": decision.reason, "action": action},
+            self._denials.note(
+                record.tenant, record.key_id, {"reason": decision.reason, "action": action}
             )
             if decision.reason == "key_read_only":
                 return Refusal(
@@ -294,12 +357,11 @@ class Gate:
         )
         if action == "redact":
             return None
-        await self._audit.record(
+        self._denials.note(
             principal.tenant,
-            "request_blocked",
-            key_id=principal.key_id,
-            outcome="denied",
-            detail={"request_id": request_id} | {kind: str(n) for kind, n in counts.items()},
+            principal.key_id,
+            {"request_id": request_id} | {kind: str(n) for kind, n in counts.items()},
+            action="request_blocked",
         )
         return Refusal(
             ReasonCode.SENSITIVE_DATA,
@@ -317,13 +379,16 @@ class Gate:
         )
         return fut
 
-    async def abort(self, request_id: str, deadline_at: float | None, cause: str) -> None:
+    async def abort(
+        self, tenant: str, request_id: str, deadline_at: float | None, cause: str
+    ) -> None:
         """Mark a published request as unwanted: admission answers it ``cancelled``
         instead of dispatching it. The marker outlives the request's deadline (after
         which admission expires it anyway) by ``ABORT_MARKER_MARGIN_S``."""
         deadline = deadline_at if deadline_at is not None else self._clock.time()
         ttl = max(1, math.ceil(deadline - self._clock.time())) + ABORT_MARKER_MARGIN_S
-        await cast(Any, self._redis.set(self._redis_keys.abort(request_id), cause, ex=ttl))
+        key = self._redis_keys.abort(tenant, request_id)
+        await cast(Any, self._redis.set(key, cause, ex=ttl))
         m.ABORTS.labels(cause).inc()
 
 

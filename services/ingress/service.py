@@ -32,6 +32,7 @@ from services.common.lifecycle import Component
 from services.common.redisclient import make_redis
 from services.common.replies import ReplyRouter
 from services.common.topics import RedisKeys
+from services.ingress.denials import DenialAudit, FailureLimiter
 from services.ingress.http import create_app
 from services.ingress.kafka_ingress import KafkaIngress
 from services.ingress.keystore import AuditLog, KeyStore
@@ -66,17 +67,25 @@ class IngressService(Component):
         self.router = ReplyRouter(
             settings, f"ingress-{instance}", dead_letters=dead_letters, clock=clock
         )
-        audit = AuditLog(self._producer, self.topics.audit, f"ingress:{instance}", clock)
+        actor = f"ingress:{instance}"
         self.keystore = KeyStore(
             self._redis,
             RedisKeys(settings.redis_prefix),
             settings.pepper,
-            audit,
+            AuditLog(self._producer, self.topics.audit, actor, clock),
             default_sensitive=settings.default_sensitive_policy,
             clock=clock,
+            cache_s=settings.key_cache_s,
+        )
+        self.denials = DenialAudit(
+            self._producer,
+            self.topics.audit,
+            actor,
+            FailureLimiter(settings.denial_audit_per_s, settings.denial_audit_burst),
+            clock,
         )
         self.gate = Gate(
-            settings, self.keystore, audit, self._producer, self.topics, self._redis, clock
+            settings, self.keystore, self.denials, self._producer, self.topics, self._redis, clock
         )
         replies = Replies(self._producer, self.topics, TopicDirectory(self._producer, clock=clock))
         self.kafka = KafkaIngress(settings, self.gate, replies, dead_letters, self.topics, clock)
@@ -106,6 +115,7 @@ class IngressService(Component):
             log.warning("SEAWALL_KEY_PEPPER is not set: using the development pepper")
         await ensure_topics(s.kafka_bootstrap, self.topics.specs(), s.topic_replication)
         await self._producer.start()
+        await self.denials.start()
         await self.router.start()
         self.spawn(self._watch(self.router), "watch:router")
         if s.kafka_ingress:
@@ -149,6 +159,7 @@ class IngressService(Component):
                 await asyncio.wait({self._http}, timeout=self.settings.shutdown_grace_s + 5)
             await self.kafka.stop()
             await self.router.stop()
+            await self.denials.stop()
         finally:
             await self._producer.stop()
             await self._redis.aclose()

@@ -77,6 +77,20 @@ class IngressSettings(CommonSettings):
     default_sensitive_policy: Literal["block", "redact"] = "redact"
     """A new tenant's policy for sensitive data in prompts."""
 
+    key_cache_s: float = Field(default=2.0, ge=0, le=300)
+    """How long ingress keeps a key record it read (0: not at all): a revoked key stops
+    working within this; floods of records for one key cost one Redis read each time."""
+    signature_window_s: float = Field(default=300.0, gt=0, le=86_400)
+    """How far a signed record's timestamp may lie from ingress's clock (either way)."""
+    denial_audit_per_s: float = Field(default=0.2, gt=0, le=1000)
+    denial_audit_burst: int = Field(default=5, ge=1, le=10_000)
+    """Denials audited per key id: ``burst``, then one per ``1/denial_audit_per_s``
+    seconds, the rest counted into the next."""
+    failed_auth_per_source_per_s: float = Field(default=1.0, gt=0, le=10_000)
+    failed_auth_per_source_burst: int = Field(default=20, ge=1, le=1_000_000)
+    """Failed HTTP authentications a client address may make (``burst``, refilled at
+    the rate) before it is refused with 429 without any key lookup."""
+
     kafka_ingress: bool = True
     """Consume ``llm.ingress``; off for HTTP-only instances (a group has no use for
     more members than the topic has partitions)."""

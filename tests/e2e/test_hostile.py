@@ -38,6 +38,7 @@ from schemas import (
 )
 from schemas.export import JSON_DIR
 from seawall.client import SeawallClient
+from services.common import signing
 from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.serde import (
     CONTROL,
@@ -68,6 +69,8 @@ class Hostile:
     a dead letter is expected, unless ``silent``."""
     silent: bool = False
     """A valid record that is only applied (telemetry, control, a stray reply)."""
+    headers: tuple[tuple[str, bytes], ...] = ()
+    """Its record headers (the signature of what goes to the ingress topic)."""
 
 
 def _schema(name: str) -> dict[str, Any]:
@@ -129,33 +132,48 @@ def _garbage(template: bytes) -> st.SearchStrategy[bytes]:
 
 
 class Corpus:
-    def __init__(self, topics: Topics, ours: str, sdk_topic: str, key_id: str) -> None:
+    """What goes to the ingress topic is signed with the key (``key``), but for a share
+    left unsigned; expectations follow the ingress's rules: a record that does not prove
+    its key, or whose body names another key, is dead-lettered."""
+
+    def __init__(self, topics: Topics, ours: str, sdk_topic: str, key: str, key_id: str):
         self.topics = topics
         self.ours = ours
         self.sdk_topic = sdk_topic
+        self.key = key
         self.key_id = key_id
         self.records: list[Hostile] = []
+        self._count = 0
 
     def expect(self, topic: str, value: bytes, adapter: TypeAdapter[Any]) -> None:
+        headers: tuple[tuple[str, bytes], ...] = ()
+        signed = False
+        if topic == self.topics.ingress:
+            self._count += 1
+            signed = self._count % 5 != 0  # every fifth one unsigned
+            if signed:
+                headers = tuple(signing.sign(self.key, self.key_id, value, time.time()))
         try:
             message = decode(adapter, value)
         except DecodeError:
-            self.records.append(Hostile(topic, value, None))
+            self.records.append(Hostile(topic, value, None, headers=headers))
+            return
+        if topic == self.topics.ingress and (not signed or message.api_key_id != self.key_id):
+            self.records.append(Hostile(topic, value, None, headers=headers))
             return
         request = message.request if isinstance(message, DispatchedRequest) else message
         if isinstance(request, InferenceRequest):
             ours = request.reply_to == self.ours
-            self.records.append(Hostile(topic, value, request.request_id if ours else None))
-        elif isinstance(request, AbortRequest):
-            self.records.append(
-                Hostile(topic, value, None, silent=request.api_key_id == self.key_id)
-            )
+            answer = request.request_id if ours else None
+            self.records.append(Hostile(topic, value, answer, headers=headers))
+        elif isinstance(request, AbortRequest):  # signed by its key: only sets a marker
+            self.records.append(Hostile(topic, value, None, silent=True, headers=headers))
         else:  # telemetry, control events, replies: applied, answered by nobody
             self.records.append(Hostile(topic, value, None, silent=True))
 
 
-def build_corpus(topics: Topics, ours: str, sdk_topic: str, key_id: str) -> Corpus:
-    corpus = Corpus(topics, ours, sdk_topic, key_id)
+def build_corpus(topics: Topics, ours: str, sdk_topic: str, key: str, key_id: str) -> Corpus:
+    corpus = Corpus(topics, ours, sdk_topic, key, key_id)
     now = time.time()
     template = InferenceRequest(
         request_id="t",
@@ -250,7 +268,7 @@ def draw_into(
 async def produce_all(producer: AIOKafkaProducer, records: list[Hostile]) -> list[tuple[int, int]]:
     """Produce every record (in order per topic); their (partition, offset)."""
     futures = [
-        await producer.send(r.topic, r.value, key=f"h{i % 7}".encode())
+        await producer.send(r.topic, r.value, key=f"h{i % 7}".encode(), headers=list(r.headers))
         for i, r in enumerate(records)
     ]
     placed = await asyncio.gather(*futures)
@@ -314,12 +332,13 @@ async def test_hostile_records_on_every_topic_are_answered_or_dead_lettered(
     key = stack.key("hostile-co", "enterprise")
     before = pids(stack)
     async with (
-        ReplyReader(stack.settings, topics, "hostile-answers") as answers,
-        SeawallClient(api_key_id=key["key_id"], settings=stack.settings) as client,
+        # a reply topic of the key: the only kind a signed record may name
+        ReplyReader(stack.settings, topics, f"{key['key_id']}.hostile-answers") as answers,
+        SeawallClient(api_key=key["key"], settings=stack.settings) as client,
         LetterReader(stack) as reader,
     ):
         await controller_consuming(stack, reader)
-        corpus = build_corpus(topics, answers.topic, client.reply_topic, key["key_id"])
+        corpus = build_corpus(topics, answers.topic, client.reply_topic, key["key"], key["key_id"])
         producer = make_producer(stack.settings, max_request_size=1_048_576)
         await producer.start()
         try:
@@ -375,15 +394,15 @@ async def test_a_backlog_built_while_ingress_was_down_is_answered_in_full(
     topics = topics_of(stack.settings)
     key = stack.key("backlog-co", "basic")
     ingress = stack.service("ingress")
-    async with ReplyReader(stack.settings, topics, "backlog-answers") as answers:
+    async with ReplyReader(stack.settings, topics, f"{key['key_id']}.backlog") as answers:
         ingress.send_signal(signal.SIGSTOP)  # down: no heartbeat, no progress
         now = time.time()
         producer = make_producer(stack.settings, linger_ms=20)
         await producer.start()
         try:
-            sends = [
-                await producer.send(
-                    topics.ingress,
+            sends = []
+            for i in range(BACKLOG):
+                value = (
                     InferenceRequest(
                         request_id=f"bk-{i:05d}",
                         tenant="claimed",
@@ -395,11 +414,14 @@ async def test_a_backlog_built_while_ingress_was_down_is_answered_in_full(
                         deadline_at=now + 600,
                     )
                     .model_dump_json()
-                    .encode(),
-                    key=f"s{i % 97}".encode(),
+                    .encode()
                 )
-                for i in range(BACKLOG)
-            ]
+                headers = signing.sign(key["key"], key["key_id"], value, now)
+                sends.append(
+                    await producer.send(
+                        topics.ingress, value, key=f"s{i % 97}".encode(), headers=headers
+                    )
+                )
             await asyncio.gather(*sends)
         finally:
             await producer.stop()

@@ -12,8 +12,10 @@ import httpx
 
 from schemas import InferenceRequest, ReplyChunk, ReplyStatus, SamplingParams
 from seawall.client import SeawallClient
-from services.common.bus import topics_of
-from tests.fleet import ReplyReader, produce
+from services.common import signing
+from services.common.bus import make_producer, topics_of
+from services.common.serde import encode
+from tests.fleet import ReplyReader
 from tests.stack import Stack
 
 
@@ -92,9 +94,11 @@ def test_unknown_key_is_refused_in_openai_shape(stack: Stack) -> None:
 async def test_kafka_ingress_answers_on_the_producers_own_reply_topic(stack: Stack) -> None:
     key = stack.key("acme-batch", "basic")
     topics = topics_of(stack.settings)
-    async with ReplyReader(
-        stack.settings, topics, owner=f"producer-{uuid.uuid4().hex[:6]}"
-    ) as client:
+    async with (
+        ReplyReader(  # a reply topic of the producer's key
+            stack.settings, topics, owner=f"{key['key_id']}.producer-{uuid.uuid4().hex[:6]}"
+        ) as client
+    ):
         request = InferenceRequest(
             request_id=f"kafka-{uuid.uuid4().hex[:8]}",
             tenant="ignored-ingress-uses-the-key",
@@ -104,7 +108,14 @@ async def test_kafka_ingress_answers_on_the_producers_own_reply_topic(stack: Sta
             reply_to=client.topic,
             created_at=time.time(),
         )
-        await produce(stack.settings, topics.ingress, [request])
+        value = encode(request)
+        producer = make_producer(stack.settings)
+        await producer.start()
+        try:  # signed with the key (services.common.signing), as the SDK does
+            headers = signing.sign(key["key"], key["key_id"], value, time.time())
+            await producer.send_and_wait(topics.ingress, value, headers=headers)
+        finally:
+            await producer.stop()
         await client.wait_terminals(1, timeout_s=90)
     (reply,) = client.terminals[request.request_id]
     assert reply.status is ReplyStatus.OK
@@ -113,7 +124,7 @@ async def test_kafka_ingress_answers_on_the_producers_own_reply_topic(stack: Sta
 
 async def test_the_sdk_completes_and_streams_through_the_stack(stack: Stack) -> None:
     key = stack.key("acme-sdk", "enterprise")
-    async with SeawallClient(api_key_id=key["key_id"], settings=stack.settings) as client:
+    async with SeawallClient(api_key=key["key"], settings=stack.settings) as client:
         reply = await client.complete("hello", max_tokens=6, timeout_s=90)
         assert (reply.status, reply.completion_tokens) == (ReplyStatus.OK, 6)
         items = [item async for item in client.stream("a story", max_tokens=30, timeout_s=90)]

@@ -1,4 +1,4 @@
-"""``seawall submit``'s pure parts: which key id is sent, what the request carries, the
+"""``seawall submit``'s pure parts: the key it signs with, what the request carries, the
 summary line."""
 
 from __future__ import annotations
@@ -6,32 +6,29 @@ from __future__ import annotations
 import pytest
 
 from schemas import ChatMessage, InferenceReply, ReasonCode, ReplyStatus
-from seawall.submit import Submitted, request_input, resolve_key_id, summary_line
+from seawall.submit import Submitted, check_key, request_input, summary_line
 from services.ingress.keys import generate_key
 
 pytestmark = pytest.mark.unit
 
 
-def test_the_key_id_comes_from_the_option_or_from_the_key() -> None:
+def test_the_key_is_checked_before_anything_is_sent() -> None:
     issued = generate_key("acme", 0.0, b"pepper")
-    assert resolve_key_id("0123456789ab", None) == "0123456789ab"
-    assert resolve_key_id(None, issued.key) == issued.record.key_id
-    # A key pasted where the id belongs is read as a key: its secret is never sent.
-    assert resolve_key_id(issued.key, None) == issued.record.key_id
+    assert check_key(issued.key) == issued.key
 
 
 @pytest.mark.parametrize(
-    ("key_id", "key", "match"),
+    ("key", "match"),
     [
-        (None, None, "either"),
-        ("abc", "sk-sw-0123456789ab_" + "x" * 20, "either"),
-        (None, "not-a-key", "not a seawall key"),
-        ("sk-sw-short_secret", None, "not a seawall key"),
+        (None, "give --key"),
+        ("not-a-key", "not a seawall key"),
+        ("0123456789ab", "not a seawall key"),  # a key id is not enough: records are signed
+        ("sk-sw-short_secret", "not a seawall key"),
     ],
 )
-def test_key_options_that_name_no_key(key_id: str | None, key: str | None, match: str) -> None:
+def test_what_is_no_key(key: str | None, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        resolve_key_id(key_id, key)
+        check_key(key)
 
 
 def test_request_input() -> None:

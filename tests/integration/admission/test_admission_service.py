@@ -81,7 +81,7 @@ async def test_rejections_expiry_and_cancellation(
         late = inference_request("late", client.topic, deadline_in_s=0.001)
         waits = inference_request("waits", client.topic, pool="small", deadline_in_s=1.0)
         gone = inference_request("gone", client.topic, tenant="c1", tier=Tier.BASIC)
-        await redis.set(RedisKeys(settings.redis_prefix).abort("gone"), 1, ex=60)
+        await redis.set(RedisKeys(settings.redis_prefix).abort("c1", "gone"), 1, ex=60)
         await asyncio.sleep(0.01)
         await send_all(settings, topics.requests(Priority.BULK), [*basic, gone])
         await send_all(settings, topics.requests(Priority.STANDARD), [*pro, late, waits])

@@ -253,7 +253,7 @@ async def test_no_reply_by_the_deadline_is_504_and_aborts_downstream(
     ((_, _, req),) = await downstream.take(1)
     assert req.deadline_at is not None
     assert req.deadline_at - req.created_at == pytest.approx(0.5)  # the smaller timeout
-    marker = RedisKeys(settings.redis_prefix).abort(req.request_id)
+    marker = RedisKeys(settings.redis_prefix).abort(req.tenant, req.request_id)
     assert await redis.get(marker) == b"timeout"
     assert 0 < await redis.ttl(marker) <= 61
 
@@ -271,7 +271,7 @@ async def test_a_client_that_leaves_gets_its_request_aborted(
     )
     ((_, _, req),) = await downstream.take(1)
     call.cancel()  # closes the connection
-    marker = RedisKeys(settings.redis_prefix).abort(req.request_id)
+    marker = RedisKeys(settings.redis_prefix).abort(req.tenant, req.request_id)
 
     async def marked() -> bool:
         return await redis.get(marker) == b"disconnect"
@@ -299,7 +299,7 @@ async def test_stream_client_that_leaves_gets_its_request_aborted(
     async for _ in response.aiter_text():
         break  # the first event came: leave
     await response.aclose()
-    marker = RedisKeys(settings.redis_prefix).abort(req.request_id)
+    marker = RedisKeys(settings.redis_prefix).abort(req.tenant, req.request_id)
 
     async def marked() -> bool:
         return await redis.get(marker) == b"disconnect"

@@ -29,15 +29,17 @@ from schemas import (
     SamplingParams,
     Tier,
 )
+from schemas.base import Message
 from schemas.deadletter import EXCERPT_BYTES
+from services.common import signing
 from services.common.bus import make_consumer, make_producer
 from services.common.serde import encode
 from services.common.settings import CommonSettings
+from services.common.signing import key_id_of
 from services.common.topics import RedisKeys, Topics
-from services.ingress.keys import key_id_of
 from services.ingress.pipeline import ABORT_MARKER_MARGIN_S
 from services.ingress.service import IngressService
-from tests.fleet import ReplyReader, produce
+from tests.fleet import ReplyReader
 from tests.integration.ingress.conftest import Downstream, Keys
 
 pytestmark = [
@@ -56,20 +58,46 @@ def key_id(key: str) -> str:
     return kid
 
 
+def owner(key: str) -> str:
+    """The producer's reply topic owner: its key's (``llm.reply.<key id>.<owner>``)."""
+    return f"{key_id(key)}.{PRODUCER}"
+
+
 def record(
-    topics: Topics, rid: str, api_key_id: str | None, prompt: str = "hi", **fields: Any
+    topics: Topics, rid: str, key: str, prompt: str = "hi", **fields: Any
 ) -> InferenceRequest:
     return InferenceRequest(
         request_id=rid,
         tenant=fields.pop("tenant", "claimed-tenant"),
         tier=fields.pop("tier", Tier.BASIC),
         priority=fields.pop("priority", Priority.BULK),
-        api_key_id=api_key_id,
+        api_key_id=key_id(key),
         prompt=prompt,
-        reply_to=fields.pop("reply_to", topics.reply(PRODUCER)),
+        reply_to=fields.pop("reply_to", topics.reply(owner(key))),
         created_at=time.time(),
         **fields,
     )
+
+
+Signed = tuple[bytes, list[tuple[str, bytes]]]
+
+
+def signed(message: Message | bytes, key: str, at: float | None = None) -> Signed:
+    """The record's value and its signing headers (``services.common.signing``)."""
+    value = message if isinstance(message, bytes) else encode(message)
+    return value, signing.sign(key, key_id(key), value, time.time() if at is None else at)
+
+
+async def produce_signed(
+    settings: CommonSettings, topic: str, records: list[Signed], key: bytes | None = None
+) -> None:
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        for i, (value, headers) in enumerate(records):
+            await producer.send_and_wait(topic, value, key=key or f"k{i}".encode(), headers=headers)
+    finally:
+        await producer.stop()
 
 
 NOWHERE = "nobody-home"
@@ -115,8 +143,12 @@ async def dead_letters(settings: CommonSettings, topics: Topics) -> AsyncIterato
 
 
 @pytest.fixture
-async def producer_replies(settings: CommonSettings, topics: Topics) -> AsyncIterator[ReplyReader]:
-    async with ReplyReader(settings, topics, owner=PRODUCER) as reader:
+async def producer_replies(
+    settings: CommonSettings, topics: Topics, keys: Keys
+) -> AsyncIterator[ReplyReader]:
+    """The reply topics of the producer's keys (one each)."""
+    owners = [owner(k) for k in (keys.pro, keys.enterprise, keys.blocking, keys.basic)]
+    async with ReplyReader(settings, topics, *owners) as reader:
         yield reader
 
 
@@ -139,26 +171,30 @@ async def test_records_are_classified_from_the_key_not_from_the_record(
     producer_replies: ReplyReader,
 ) -> None:
     sent = [
-        record(topics, "k-ent", key_id(keys.enterprise), session_id="chat-1"),
+        record(topics, "k-ent", keys.enterprise, session_id="chat-1"),
         record(
             topics,
             "k-pro",
-            key_id(keys.pro),
+            keys.pro,
             tier=Tier.ENTERPRISE,
             priority=Priority.VIP,
             deadline_at=time.time() + 30,
             client=ClientMeta(client_ip="203.0.113.5"),
         ),
-        record(topics, "k-redact", key_id(keys.enterprise), prompt="my card 4111 1111 1111 1111"),
+        record(topics, "k-redact", keys.enterprise, prompt="my card 4111 1111 1111 1111"),
     ]
-    await produce(settings, topics.ingress, sent)
+    await produce_signed(
+        settings,
+        topics.ingress,
+        [signed(r, keys.enterprise if r.request_id != "k-pro" else keys.pro) for r in sent],
+    )
     got = {req.request_id: (topic, key, req) for topic, key, req in await downstream.take(3)}
 
     topic, key, ent = got["k-ent"]
     assert topic == topics.requests(Priority.VIP)
     assert key == b"chat-1"
     assert (ent.tenant, ent.tier, ent.priority) == ("big-co", Tier.ENTERPRISE, Priority.VIP)
-    assert ent.reply_to == topics.reply(PRODUCER)  # their replies go to their own topic
+    assert ent.reply_to == topics.reply(owner(keys.enterprise))  # to their key's own topic
     assert ent.deadline_at is not None
     assert ent.deadline_at <= time.time() + 120
 
@@ -185,7 +221,9 @@ async def test_bad_records_are_dead_lettered_or_rejected_and_consuming_goes_on(
     dead_letters: DeadLetters,
 ) -> None:
     retired = await backdated("gone-co", 100)
-    good = record(topics, "good", key_id(keys.pro))
+    good = record(topics, "good", keys.pro)
+    pro = keys.pro
+    # signed by the pro key, unusable all the same: dead-lettered, with the reason
     undecodable = {
         b"{not json": "invalid_json",
         b"\xff\xfe{}": "invalid_utf8",
@@ -198,60 +236,65 @@ async def test_bad_records_are_dead_lettered_or_rejected_and_consuming_goes_on(
         json.dumps(
             {**json.loads(encode(good)), "sampling": {"max_tokens": 10**9}}
         ).encode(): "schema_violation",
-        encode(good).replace(
-            topics.reply(PRODUCER).encode(), topics.requests(Priority.VIP).encode()
-        ): "invalid_reply_to",
-        # a reply topic nobody created: refused, never created by producing to it
-        encode(record(topics, "nowhere", None, reply_to=topics.reply(NOWHERE))): (
+        # its key's reply topic, which nobody created: never created by producing to it
+        encode(record(topics, "nowhere", pro, reply_to=topics.reply(f"{key_id(pro)}.{NOWHERE}"))): (
             "reply_topic_unreachable"
         ),
     }
     rejected = {
-        "no-key": (record(topics, "no-key", None), ReasonCode.UNAUTHENTICATED),
-        "unknown": (record(topics, "unknown", "0123456789ab"), ReasonCode.UNAUTHENTICATED),
-        "retired": (record(topics, "retired", key_id(retired)), ReasonCode.UNAUTHENTICATED),
+        "retired": (record(topics, "retired", retired), retired, ReasonCode.UNAUTHENTICATED),
         "blocked": (
-            record(topics, "blocked", key_id(keys.blocking), prompt="密码: hunter22"),
+            record(topics, "blocked", keys.blocking, prompt="密码: hunter22"),
+            keys.blocking,
             ReasonCode.SENSITIVE_DATA,
         ),
         "oversize": (
-            record(topics, "oversize", key_id(keys.pro), prompt="x" * 30_000),
+            record(topics, "oversize", pro, prompt="x" * 30_000),
+            pro,
             ReasonCode.INVALID_REQUEST,
         ),
         "max-tokens": (
-            record(
-                topics, "max-tokens", key_id(keys.pro), sampling=SamplingParams(max_tokens=2000)
-            ),
+            record(topics, "max-tokens", pro, sampling=SamplingParams(max_tokens=2000)),
+            pro,
             ReasonCode.INVALID_REQUEST,
         ),
         "scanner": (
-            record(topics, "scanner", key_id(keys.pro), client=ClientMeta(user_agent="sqlmap/1")),
+            record(topics, "scanner", pro, client=ClientMeta(user_agent="sqlmap/1")),
+            pro,
             ReasonCode.FORBIDDEN,
         ),
     }
-    await produce(
-        settings,
-        topics.ingress,
-        [*undecodable, *(r for r, _ in rejected.values()), good],
-    )
-    ((_, _, req),) = await downstream.take(1)
-    assert req.request_id == "good"
+    async with ReplyReader(settings, topics, owner(retired)) as retired_replies:
+        await produce_signed(
+            settings,
+            topics.ingress,
+            [
+                *(signed(u, pro) for u in undecodable),
+                *(signed(r, k) for r, k, _ in rejected.values()),
+                signed(good, pro),
+            ],
+        )
+        ((_, _, req),) = await downstream.take(1)
+        assert req.request_id == "good"
 
-    await drain(
-        lambda: (
-            len(dead_letters.letters) >= len(undecodable)
-            and len(producer_replies.terminals) >= len(rejected)
-        ),
-        dead_letters.poll,
-        producer_replies.poll,
-    )
+        await drain(
+            lambda: (
+                len(dead_letters.letters) >= len(undecodable)
+                and len(producer_replies.terminals) + len(retired_replies.terminals)
+                >= len(rejected)
+            ),
+            dead_letters.poll,
+            producer_replies.poll,
+            retired_replies.poll,
+        )
     assert sorted(d.reason for d in dead_letters.letters) == sorted(undecodable.values())
     assert {d.excerpt for d in dead_letters.letters} == {u[:EXCERPT_BYTES] for u in undecodable}
     assert {d.sha256 for d in dead_letters.letters} == {sha256(u) for u in undecodable}
     assert all(d.source_topic == topics.ingress for d in dead_letters.letters)
-    assert topics.reply(NOWHERE) not in await list_topics(settings)
-    for rid, (_, reason) in rejected.items():
-        (reply,) = producer_replies.terminals[rid]
+    assert topics.reply(f"{key_id(pro)}.{NOWHERE}") not in await list_topics(settings)
+    terminals = producer_replies.terminals | retired_replies.terminals
+    for rid, (_, _, reason) in rejected.items():
+        (reply,) = terminals[rid]
         assert reply.status is ReplyStatus.REJECTED
         assert reply.reason is reason, rid
         assert "hunter22" not in reply.message
@@ -273,18 +316,18 @@ async def test_aborts_from_live_keys_mark_their_request_others_are_dead_lettered
     live = AbortRequest(
         request_id="ab-1", api_key_id=key_id(keys.pro), created_at=now, deadline_at=now + 30
     )
-    unknown = AbortRequest(request_id="ab-2", api_key_id="0123456789ab", created_at=now)
-    await produce(settings, topics.ingress, [unknown, live])
+    unsigned = AbortRequest(request_id="ab-2", api_key_id=key_id(keys.pro), created_at=now)
+    await produce_signed(settings, topics.ingress, [(encode(unsigned), []), signed(live, keys.pro)])
     await drain(lambda: len(dead_letters.letters) >= 1, dead_letters.poll)
     (letter,) = dead_letters.letters
-    assert letter.reason == "invalid_api_key"
+    assert letter.reason == "unsigned"
     marks = RedisKeys(settings.redis_prefix)
     deadline = time.monotonic() + 30
-    while not await redis.exists(marks.abort("ab-1")):
+    while not await redis.exists(marks.abort("pro-co", "ab-1")):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
-    assert 30 < await redis.ttl(marks.abort("ab-1")) <= 31 + ABORT_MARKER_MARGIN_S
-    assert not await redis.exists(marks.abort("ab-2"))
+    assert 30 < await redis.ttl(marks.abort("pro-co", "ab-1")) <= 31 + ABORT_MARKER_MARGIN_S
+    assert not await redis.exists(marks.abort("pro-co", "ab-2"))
 
 
 _JSON = st.recursive(
@@ -294,10 +337,10 @@ _JSON = st.recursive(
 )
 
 
-def _mutations(topics: Topics) -> st.SearchStrategy[bytes]:
-    """Records a producer might get wrong: garbage, JSON of the wrong shape, a request
-    with one field replaced by any JSON value."""
-    base = json.loads(encode(record(topics, "base", "0123456789ab")))
+def _mutations(topics: Topics, key: str) -> st.SearchStrategy[bytes]:
+    """Records a producer might get wrong (signed all the same): garbage, JSON of the
+    wrong shape, a request with one field replaced by any JSON value."""
+    base = json.loads(encode(record(topics, "base", key)))
     mutated = st.tuples(st.sampled_from(sorted(base)), _JSON).map(
         lambda kv: json.dumps({**base, "request_id": uuid.uuid4().hex, kv[0]: kv[1]}).encode()
     )
@@ -324,14 +367,14 @@ async def test_fuzzed_records_each_get_one_outcome(
     dead_letters: DeadLetters,
     data: st.DataObject,
 ) -> None:
-    bad = data.draw(st.lists(_mutations(topics), min_size=1, max_size=15))
-    sentinel = record(topics, f"ok-{uuid.uuid4().hex}", key_id(keys.pro))
+    bad = data.draw(st.lists(_mutations(topics, keys.pro), min_size=1, max_size=15))
+    sentinel = record(topics, f"ok-{uuid.uuid4().hex}", keys.pro)
     letters_before = len(dead_letters.letters)
     replies_before = replies(producer_replies)
     seen_before = len(downstream.seen)
     # one key: one partition, so the sentinel is judged after every bad record
-    producer_messages = [*bad, encode(sentinel)]
-    await produce_one_key(settings, topics.ingress, producer_messages)
+    producer_messages = [signed(b, keys.pro) for b in [*bad, encode(sentinel)]]
+    await produce_signed(settings, topics.ingress, producer_messages, key=b"fuzz")
     taken = await downstream.take(seen_before + 1)
     assert taken[-1][2].request_id == sentinel.request_id
 
@@ -355,13 +398,3 @@ async def test_fuzzed_records_each_get_one_outcome(
 def replies(reader: ReplyReader) -> int:
     """Terminal replies read, duplicates of a request id included."""
     return sum(len(r) for r in reader.terminals.values())
-
-
-async def produce_one_key(settings: CommonSettings, topic: str, values: list[bytes]) -> None:
-    producer = make_producer(settings)
-    await producer.start()
-    try:
-        for value in values:
-            await producer.send_and_wait(topic, value, key=b"fuzz")
-    finally:
-        await producer.stop()

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from typer.testing import CliRunner, Result
 
 from schemas import AuditEvent
+from services.common import signing
 from services.common.bus import make_consumer
 from services.common.settings import CommonSettings
 from services.common.topics import RedisKeys, Topics
@@ -62,8 +63,12 @@ async def test_create_list_rotate_revoke(
     raw = cast(dict[bytes, bytes], await redis.hgetall(layout.api_key(key_id)))
     stored = {k.decode(): v.decode() for k, v in raw.items()}
     assert stored["key_hash"] == hash_key(key, PEPPER.encode())
-    assert set(stored) == {"tenant", "key_hash", "created_at"}
+    assert set(stored) == {"tenant", "key_hash", "signing_key", "created_at"}
     assert key not in json.dumps(stored)
+    # the record-signing key, wrapped under the pepper: not the key, nor usable alone
+    signing_key = signing.signing_key(key)
+    assert bytes.fromhex(stored["signing_key"]) != signing_key
+    assert signing.unwrap(stored["signing_key"], PEPPER.encode(), key_id) == signing_key
     assert await redis.ttl(layout.api_key(key_id)) > 0  # expires once purged
     assert await redis.smembers(layout.tenant_keys("acme")) == {key_id.encode()}
     policy = await redis.hgetall(f"{settings.redis_prefix}tenant:{{acme}}:policy")

@@ -24,7 +24,6 @@ from services.common.settings import CommonSettings
 from services.common.topics import RedisKeys
 from services.ingress.service import IngressService
 from tests.integration.ingress.conftest import Downstream, Keys, eventually
-from tests.integration.ingress.test_kafka import key_id
 
 pytestmark = [
     pytest.mark.integration,
@@ -39,7 +38,7 @@ async def client(
     ingress: IngressService, keys: Keys, settings: CommonSettings
 ) -> AsyncIterator[SeawallClient]:
     async with SeawallClient(
-        api_key_id=key_id(keys.pro), settings=settings, retry=FAST_RETRIES, timeout_s=30
+        api_key=keys.pro, settings=settings, retry=FAST_RETRIES, timeout_s=30
     ) as c:
         yield c
 
@@ -167,7 +166,7 @@ async def test_a_stream_that_has_shown_text_is_not_retried(
 async def test_a_timed_out_request_is_aborted_downstream(
     client: SeawallClient, downstream: Downstream, redis: aioredis.Redis, settings: CommonSettings
 ) -> None:
-    marker = RedisKeys(settings.redis_prefix).abort("silent")
+    marker = RedisKeys(settings.redis_prefix).abort("pro-co", "silent")
     with pytest.raises(TimeoutError):
         await client.complete("hello", request_id="silent", timeout_s=3)
     await eventually(lambda: _exists(redis, marker))
@@ -189,7 +188,7 @@ async def test_a_cancelled_call_and_an_abandoned_stream_are_aborted(
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    await eventually(lambda: _exists(redis, keys.abort("gone")))
+    await eventually(lambda: _exists(redis, keys.abort("pro-co", "gone")))
 
     stream = client.stream("story", request_id="left")
     reading = asyncio.create_task(anext(stream))
@@ -199,7 +198,7 @@ async def test_a_cancelled_call_and_an_abandoned_stream_are_aborted(
     )
     assert isinstance(await reading, ReplyChunk)
     await stream.aclose()  # the caller stops reading half-way
-    await eventually(lambda: _exists(redis, keys.abort("left")))
+    await eventually(lambda: _exists(redis, keys.abort("pro-co", "left")))
     assert client.stats.aborted == 2
 
 
@@ -211,7 +210,7 @@ async def test_the_sync_client_for_scripts(
     ingress: IngressService, keys: Keys, settings: CommonSettings, downstream: Downstream
 ) -> None:
     def script() -> InferenceReply:
-        with SyncSeawallClient(api_key_id=key_id(keys.basic), settings=settings) as sync:
+        with SyncSeawallClient(api_key=keys.basic, settings=settings) as sync:
             return sync.complete(messages=[{"role": "user", "content": "hi"}], max_tokens=4)
 
     call = asyncio.create_task(asyncio.to_thread(script))

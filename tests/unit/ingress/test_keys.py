@@ -8,16 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.common.signing import KEY_PREFIX, key_id_of
 from services.ingress.keys import (
     DAY_S,
     DEFAULT_POLICY,
-    KEY_PREFIX,
     Action,
     check,
     disabled_at,
     generate_key,
     hash_key,
-    key_id_of,
     phase,
     rotate,
     verify,
