@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from schemas.base import (
     Ident,
@@ -16,6 +16,7 @@ from schemas.base import (
     TopicName,
     Wire,
 )
+from schemas.signed import RECORD_HEADERS
 
 
 class Priority(StrEnum):
@@ -69,7 +70,7 @@ class ClientMeta(Wire):
 
 
 class InferenceRequest(Message):
-    """One inference request.
+    """One inference request. On the ingress topic it is signed (``RECORD_HEADERS``).
 
     Exactly one of ``prompt`` (completions) and ``messages`` (chat) is set. The API key
     itself never travels: only its non-secret id. ``request_id`` is the producer's, and
@@ -77,6 +78,8 @@ class InferenceRequest(Message):
     deadline plus a minute, an hour without one): the stages that charge quota and run
     the GPU recognise a redelivery by it, and answer it only once.
     """
+
+    model_config = ConfigDict(json_schema_extra=RECORD_HEADERS)
 
     type: Literal["inference_request"] = "inference_request"
     request_id: Ident
@@ -145,9 +148,11 @@ class AbortRequest(Message):
     out or was cancelled). Ingress marks it aborted; admission then answers it
     ``cancelled`` instead of dispatching it, if it has not been dispatched yet.
 
-    The key id must be live (as for a request). Request ids are the producer's own
-    random ids, so knowing one is what entitles a producer to abort it.
+    Signed like a request (``RECORD_HEADERS``), by a live key; it marks the request id
+    of the key's own tenant only, so nobody aborts another tenant's request.
     """
+
+    model_config = ConfigDict(json_schema_extra=RECORD_HEADERS)
 
     type: Literal["abort_request"] = "abort_request"
     request_id: Ident

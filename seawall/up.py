@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -101,6 +102,7 @@ class Stack:
         self.services: list[Part] = []
         self.bootstrap = ""
         self.redis_url = ""
+        self._pepper_file: Path | None = None
 
     # -- start ---------------------------------------------------------------
     def start(self) -> None:
@@ -111,6 +113,7 @@ class Stack:
         created = asyncio.run(ensure_topics(self.bootstrap, topics.specs()))
         if created:
             self.console.print(f"created {len(created)} topics")
+        self._pepper_file = self._ensure_pepper()
         self._write_stack_env()
         for spec in o.services:
             if spec.listens is not None and embedded.port_in_use("127.0.0.1", spec.listens):
@@ -185,6 +188,20 @@ class Stack:
                 raise embedded.StackError(f"Redis did not start:\n{proc.tail()}")
             time.sleep(0.1)
 
+    def _ensure_pepper(self) -> Path | None:
+        """The key pepper of this state directory, made (random, owner-only) the first
+        time; ``None`` when the environment brings its own."""
+        if os.environ.get("SEAWALL_KEY_PEPPER") or os.environ.get("SEAWALL_KEY_PEPPER_FILE"):
+            return None
+        path = (self.options.state_dir / "pepper").resolve()
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+            self.console.print(f"made a key pepper in {path}: keep it with the stack's Redis")
+        return path
+
     @property
     def stack_env_path(self) -> Path:
         return self.options.state_dir / "stack.env"
@@ -211,6 +228,8 @@ class Stack:
             "SEAWALL_INSTANCE_ID": name,
             "PYTHONUNBUFFERED": "1",
         }
+        if self._pepper_file is not None:
+            env["SEAWALL_KEY_PEPPER_FILE"] = str(self._pepper_file)
         env.update(o.env)
         return env
 

@@ -45,6 +45,9 @@ _SUPPORTED = {
     "propertyNames",
     "oneOf",
     "patternProperties",
+    # annotations of seawall's own (the signing recipe of records on the ingress topic)
+    "x-seawall-record-headers",
+    "x-seawall-signing",
 }
 _TEXT = st.characters(codec="utf-8", exclude_categories=("Cs",))
 

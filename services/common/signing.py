@@ -20,7 +20,8 @@ so no field can change without breaking the signature. Ingress checks the signat
 constant time, the timestamp against a window (a replay of an old record fails it),
 and, per request id, that no other record carried it (a replay within the window).
 
-The server never keeps the API key: it keeps the signing key, *wrapped* — XORed with
+The header names and labels are the wire contract's (``schemas.signed``). The server
+never keeps the API key: it keeps the signing key, *wrapped* — XORed with
 ``HMAC-SHA256(pepper, "seawall-signing-key-wrap:" + key_id)`` — so that, like the key
 hashes, a copy of Redis is of no use without the server's pepper.
 """
@@ -34,16 +35,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from schemas.signed import (
+    CANONICAL_PREFIX,
+    HEADER_KEY_ID,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    SIGNATURE_VERSION,
+    SIGNING_LABEL,
+)
+
 KEY_PREFIX = "sk-sw-"
 """API keys look like ``sk-sw-<key id>_<secret>``: the key id is 12 hex characters."""
 _KEY = re.compile(rf"{re.escape(KEY_PREFIX)}(?P<id>[0-9a-f]{{12}})_[A-Za-z0-9_-]{{16,}}")
-VERSION = "v1"
-HEADER_KEY_ID = "seawall-key-id"
-HEADER_TIMESTAMP = "seawall-timestamp"
-HEADER_SIGNATURE = "seawall-signature"
 HEADERS = (HEADER_KEY_ID, HEADER_TIMESTAMP, HEADER_SIGNATURE)
-_SIGNING_LABEL = b"seawall-record-signing-v1"
-_CANONICAL_PREFIX = "seawall-record-v1"
+_SIGNING_LABEL = SIGNING_LABEL.encode()
 _WRAP_LABEL = b"seawall-signing-key-wrap:"
 
 Refusal = Literal["unsigned", "bad_signature", "stale_timestamp"]
@@ -64,12 +69,12 @@ def signing_key(api_key: str) -> bytes:
 
 def canonical(key_id: str, timestamp: int, value: bytes) -> bytes:
     digest = hashlib.sha256(value).hexdigest()
-    return f"{_CANONICAL_PREFIX}\n{timestamp}\n{key_id}\n{digest}".encode()
+    return f"{CANONICAL_PREFIX}\n{timestamp}\n{key_id}\n{digest}".encode()
 
 
 def signature(key: bytes, key_id: str, timestamp: int, value: bytes) -> str:
     mac = hmac.new(key, canonical(key_id, timestamp, value), hashlib.sha256).hexdigest()
-    return f"{VERSION}={mac}"
+    return f"{SIGNATURE_VERSION}={mac}"
 
 
 def sign(api_key: str, key_id: str, value: bytes, now: float) -> list[tuple[str, bytes]]:

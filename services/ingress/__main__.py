@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from pydantic import ValidationError
+
 from services.common.main import run_service
 from services.ingress.service import IngressService
 from services.ingress.settings import IngressSettings
@@ -20,7 +22,12 @@ class _NoColour(logging.Filter):
 
 
 def main() -> int:
-    settings = IngressSettings()
+    try:
+        settings = IngressSettings()
+    except ValidationError as e:  # say what to set, not a traceback
+        for error in e.errors(include_url=False, include_input=False):
+            print(f"ingress: {error['msg']}", file=sys.stderr)
+        return 2
     logging.getLogger("uvicorn.error").addFilter(_NoColour())
     return run_service("ingress", settings, lambda: IngressService(settings))
 

@@ -107,9 +107,14 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _settings() -> IngressSettings:
-    settings = IngressSettings()
+    try:
+        settings = IngressSettings()
+    except ValidationError as e:
+        for error in e.errors(include_url=False, include_input=False):
+            typer.echo(f"error: {error['msg']}", err=True)
+        raise typer.Exit(2) from None
     if settings.dev_pepper:
-        typer.echo("warning: SEAWALL_KEY_PEPPER is not set: using the development pepper", err=True)
+        typer.echo("warning: SEAWALL_DEV_MODE: using the development pepper", err=True)
     return settings
 
 

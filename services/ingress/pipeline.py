@@ -43,6 +43,7 @@ from services.common import signing
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.sensitive import Finding, screen, summary
 from services.common.serde import DecodeError, describe, encode
+from services.common.signing import key_id_of
 from services.common.tokenizer import count_tokens
 from services.common.topics import RedisKeys, Topics
 from services.ingress import metrics as m
@@ -50,7 +51,6 @@ from services.ingress.denials import DenialAudit, FailureLimiter
 from services.ingress.filters.body import check_body
 from services.ingress.filters.geo import RegionTable, parse_ip
 from services.ingress.filters.useragent import UserAgentBlacklist
-from services.common.signing import key_id_of
 from services.ingress.keys import Action, KeyDecision, KeyRecord, check, verify
 from services.ingress.keystore import KeyStore, TenantPolicy
 from services.ingress.settings import IngressSettings

@@ -112,7 +112,7 @@ class IngressService(Component):
     async def on_start(self) -> None:
         s = self.settings
         if s.dev_pepper:
-            log.warning("SEAWALL_KEY_PEPPER is not set: using the development pepper")
+            log.warning("SEAWALL_DEV_MODE without a pepper: using the development pepper")
         await ensure_topics(s.kafka_bootstrap, self.topics.specs(), s.topic_replication)
         await self._producer.start()
         await self.denials.start()

@@ -8,9 +8,10 @@ Lists take commas (``SEAWALL_USER_AGENT_BLACKLIST=sqlmap,nikto``); mappings take
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, SecretStr, TypeAdapter, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, TypeAdapter, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from schemas.base import Ident
@@ -20,8 +21,15 @@ from services.ingress.filters.geo import RegionTable
 from services.ingress.filters.useragent import DEFAULT_SUBSTRINGS
 
 DEV_PEPPER = "seawall-development-pepper"
-"""The pepper when none is configured: fine on a laptop, never in production (the CLI
-and ingress warn). Ingress and ``seawall keys`` must share one pepper."""
+"""The pepper of ``SEAWALL_DEV_MODE``: fine on a laptop, never in production (the CLI and
+ingress warn). Ingress and ``seawall keys`` must share one pepper."""
+MISSING_PEPPER = (
+    "no key pepper: set SEAWALL_KEY_PEPPER (or SEAWALL_KEY_PEPPER_FILE, a file holding it) "
+    "to a random secret of at least 16 characters that ingress and `seawall keys` share "
+    "(e.g. `python3 -c 'import secrets; print(secrets.token_hex(32))'`); `seawall up` makes "
+    "one in its state directory. On a laptop, SEAWALL_DEV_MODE=true uses a fixed "
+    "development pepper instead."
+)
 
 #: The schema's ceiling for ``max_tokens`` (``SamplingParams``).
 MAX_TOKENS_CEILING = 32_768
@@ -37,6 +45,8 @@ _IDENT: TypeAdapter[str] = TypeAdapter(Ident)
 
 
 class IngressSettings(CommonSettings):
+    _pepper: bytes = PrivateAttr(default=b"")
+
     ingress_host: str = "127.0.0.1"
     ingress_port: int = Field(default=8080, ge=0, le=65535)
     """0 picks a free port (tests)."""
@@ -72,8 +82,14 @@ class IngressSettings(CommonSettings):
     retry_after_s: float = Field(default=1.0, ge=0, le=3600)
     """``Retry-After`` of a 503 whose reply carries no rate-limit figures."""
 
-    key_pepper: SecretStr = SecretStr(DEV_PEPPER)
-    """The server secret keyed into API-key hashes; ingress and the CLI must agree."""
+    key_pepper: SecretStr | None = None
+    """The server secret keyed into API-key hashes and wrapping the record-signing keys;
+    ingress and the CLI must agree. Required (or ``key_pepper_file``), unless
+    ``dev_mode``: a service without one refuses to start and says what to set."""
+    key_pepper_file: Path | None = None
+    """A file holding the pepper (``seawall up`` keeps one in its state directory)."""
+    dev_mode: bool = False
+    """Development only: without a pepper, use a fixed one (a warning says so)."""
     default_sensitive_policy: Literal["block", "redact"] = "redact"
     """A new tenant's policy for sensitive data in prompts."""
 
@@ -118,11 +134,29 @@ class IngressSettings(CommonSettings):
             _IDENT.validate_python(pool)
         return v
 
+    @model_validator(mode="after")
+    def _pepper_given(self) -> Self:
+        if self.key_pepper is not None:
+            pepper = self.key_pepper.get_secret_value()
+        elif self.key_pepper_file is not None:
+            try:
+                pepper = self.key_pepper_file.read_text().strip()
+            except OSError as e:
+                raise ValueError(f"cannot read SEAWALL_KEY_PEPPER_FILE: {e.strerror}") from None
+        elif self.dev_mode:
+            pepper = DEV_PEPPER
+        else:
+            raise ValueError(MISSING_PEPPER)
+        if len(pepper) < 16 and not self.dev_mode:
+            raise ValueError("the key pepper is shorter than 16 characters")
+        self._pepper = pepper.encode()
+        return self
+
     @property
     def pepper(self) -> bytes:
-        return self.key_pepper.get_secret_value().encode()
+        return self._pepper
 
     @property
     def dev_pepper(self) -> bool:
-        """Whether the pepper is the development one (no ``SEAWALL_KEY_PEPPER``)."""
-        return self.key_pepper.get_secret_value() == DEV_PEPPER
+        """Whether the pepper is the development one (``dev_mode`` without a pepper)."""
+        return self._pepper == DEV_PEPPER.encode()

@@ -33,7 +33,7 @@ def ingress_settings(settings: CommonSettings, **changes: object) -> IngressSett
     base.update(
         ingress_port=0,
         shutdown_grace_s=3,
-        key_pepper="test-pepper",
+        key_pepper="test-pepper-0123456789",
         region_table={"203.0.113.0/24": "eu-west", "198.51.100.0/24": "ap-east"},
         trusted_proxies=1,
         models={"default": "main", "small-model": "small"},

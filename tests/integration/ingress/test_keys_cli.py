@@ -21,7 +21,7 @@ from services.ingress.keys_cli import keys_app
 
 pytestmark = pytest.mark.integration
 
-PEPPER = "cli-test-pepper"
+PEPPER = "cli-test-pepper-0123456789"
 
 
 @pytest.fixture

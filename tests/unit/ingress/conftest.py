@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaProducer
 from services.common.clock import ManualClock
 from services.common.replies import ReplyRouter
 from services.common.topics import RedisKeys, Topics
+from services.ingress.denials import DenialAudit, FailureLimiter
 from services.ingress.keystore import AuditLog, KeyStore
 from services.ingress.pipeline import Gate
 from services.ingress.settings import IngressSettings
@@ -36,6 +37,7 @@ async def parts(request: pytest.FixtureRequest) -> AsyncIterator[Parts]:
         region_table={"203.0.113.0/24": "eu-west"},
         models={"default": "main", "tiny": "small"},
         max_output_tokens=1000,
+        key_pepper="unit-pepper-0123456789",
         **getattr(request, "param", {}),
     )
     clock = ManualClock()
@@ -44,7 +46,8 @@ async def parts(request: pytest.FixtureRequest) -> AsyncIterator[Parts]:
     producer = AIOKafkaProducer(bootstrap_servers=UNREACHABLE)
     audit = AuditLog(producer, topics.audit, "test", clock)
     store = KeyStore(redis, RedisKeys(), settings.pepper, audit, clock=clock)
-    gate = Gate(settings, store, audit, producer, topics, redis, clock)
+    denials = DenialAudit(producer, topics.audit, "test", FailureLimiter(1.0, 5), clock)
+    gate = Gate(settings, store, denials, producer, topics, redis, clock)
     try:
         yield Parts(settings, gate, ReplyRouter(settings, "unit"), clock)
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -15,22 +17,41 @@ def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SEAWALL_USER_AGENT_BLACKLIST", "curl, badbot ,")
     monkeypatch.setenv("SEAWALL_REGION_TABLE", '{"10.0.0.0/8": "office"}')
     monkeypatch.setenv("SEAWALL_MODELS", '{"llama": "main", "tiny": "small"}')
-    monkeypatch.setenv("SEAWALL_KEY_PEPPER", "s3cret")
+    monkeypatch.setenv("SEAWALL_KEY_PEPPER", "s3cret-pepper-0123")
     s = IngressSettings()
     assert (s.ingress_host, s.ingress_port) == ("127.0.0.1", 9000)
     assert s.user_agent_blacklist == ("curl", "badbot")
     assert s.region_table == {"10.0.0.0/8": "office"}
     assert list(s.models) == ["llama", "tiny"]
-    assert s.pepper == b"s3cret"
+    assert s.pepper == b"s3cret-pepper-0123"
     assert not s.dev_pepper
-    assert "s3cret" not in repr(s)
+    assert "s3cret-pepper-0123" not in repr(s)
 
 
-def test_defaults() -> None:
-    s = IngressSettings()
+def test_defaults_in_development_mode() -> None:
+    s = IngressSettings(dev_mode=True)
     assert s.max_body_bytes == 16 * 1024
     assert s.default_deadline_s == 120
     assert s.dev_pepper
+
+
+def test_no_pepper_outside_development_mode_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SEAWALL_KEY_PEPPER", raising=False)
+    with pytest.raises(ValidationError, match="SEAWALL_KEY_PEPPER"):
+        IngressSettings()
+    with pytest.raises(ValidationError, match="shorter than 16"):
+        IngressSettings(key_pepper="short")
+
+
+def test_the_pepper_may_come_from_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "pepper"
+    path.write_text("from-a-file-0123456789\n")
+    s = IngressSettings(key_pepper_file=path)
+    assert (s.pepper, s.dev_pepper) == (b"from-a-file-0123456789", False)
+    with pytest.raises(ValidationError, match="cannot read"):
+        IngressSettings(key_pepper_file=tmp_path / "missing")
 
 
 @pytest.mark.parametrize(
