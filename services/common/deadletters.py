@@ -13,8 +13,10 @@ may commit the record's offset afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import ProducerClosed
@@ -30,6 +32,8 @@ from services.common.serde import DecodeError, encode
 
 log = logging.getLogger(__name__)
 
+LOG_PER_S = 10
+"""Dead letters logged per reason and second; the metric counts every one."""
 DEAD_LETTERS = Counter(
     "seawall_dead_letters_total",
     "Records dead-lettered, by the service that refused them and the reason",
@@ -103,19 +107,33 @@ class DeadLetters:
         self.service = service
         self._clock = clock
         self._backoff = backoff or Backoff()
+        self._logged: dict[str, tuple[int, int, int]] = {}
+        """Per reason: the second, lines logged in it, letters not logged since."""
 
     async def record(self, record: ConsumerRecord[bytes, bytes], error: BaseException) -> None:
-        """Dead-letter a consumed record for ``error`` (see ``failure_of``)."""
+        """Dead-letter a consumed record for ``error`` (see ``failure_of``), and wait for
+        the broker's ack (again, after a backoff, while it does not come)."""
         reason, message = failure_of(error)
-        await self.send(
-            source_topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            key=record.key,
-            value=record.value,
-            reason=reason,
-            error=message,
+        await self.send(**_where(record), reason=reason, error=message)
+
+    async def queue(
+        self, record: ConsumerRecord[bytes, bytes], error: BaseException
+    ) -> asyncio.Future[Any]:
+        """Queue a consumed record's letter without waiting for the broker: the future
+        of its ack, for a caller that awaits many together (a ``ConsumerLoop`` effect;
+        an ack that fails is then the caller's to try again)."""
+        reason, message = failure_of(error)
+        item = self._letter(**_where(record), reason=reason, error=message)
+        future: asyncio.Future[Any] = await self._producer.send(
+            self._topic, encode(item), key=record.topic.encode()
         )
+
+        def acknowledged(f: asyncio.Future[Any]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                self._sent(item)
+
+        future.add_done_callback(acknowledged)
+        return future
 
     async def send(
         self,
@@ -128,7 +146,7 @@ class DeadLetters:
         reason: str,
         error: str,
     ) -> None:
-        item = letter(
+        item = self._letter(
             source_topic=source_topic,
             partition=partition,
             offset=offset,
@@ -136,8 +154,6 @@ class DeadLetters:
             value=value,
             reason=reason,
             error=error,
-            service=self.service,
-            at=self._clock.time(),
         )
         payload = encode(item)
         while True:
@@ -153,14 +169,41 @@ class DeadLetters:
                 )
                 await self._backoff.wait()
         self._backoff.reset()
-        DEAD_LETTERS.labels(self.service.split(":")[0], reason).inc()
+        self._sent(item)
+
+    def _letter(self, **where: Any) -> DeadLetter:
+        return letter(**where, service=self.service, at=self._clock.time())
+
+    def _sent(self, item: DeadLetter) -> None:
+        """Count it; log it, unless ``LOG_PER_S`` lines for its reason were written in
+        the last second (a flood logs a sample and how many it left out)."""
+        DEAD_LETTERS.labels(self.service.split(":")[0], item.reason).inc()
+        second = int(self._clock.monotonic())
+        start, logged, skipped = self._logged.get(item.reason, (second, 0, 0))
+        if start != second:
+            start, logged = second, 0
+        if logged >= LOG_PER_S:
+            self._logged[item.reason] = (start, logged, skipped + 1)
+            return
+        self._logged[item.reason] = (start, logged + 1, 0)
         log.warning(
             "dead-lettered a record",
             extra={
-                "source": source_topic,
-                "partition": partition,
-                "offset": offset,
-                "reason": reason,
+                "source": item.source_topic,
+                "partition": item.partition,
+                "offset": item.offset,
+                "reason": item.reason,
                 "size": item.size,
-            },
+            }
+            | ({"not_logged_before": skipped} if skipped else {}),
         )
+
+
+def _where(record: ConsumerRecord[bytes, bytes]) -> dict[str, Any]:
+    return {
+        "source_topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "key": record.key,
+        "value": record.value,
+    }

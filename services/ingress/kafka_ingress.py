@@ -199,8 +199,7 @@ class KafkaIngress(Component):
             m.REQUESTS.labels("kafka", "aborted").inc()
             return None
         m.REQUESTS.labels("kafka", "dead_letter").inc()
-        await self._dead_letters.record(record, decision.error)
-        return None
+        return await self._dead_letters.queue(record, decision.error)
 
     async def fail(self, record: Record, error: BaseException) -> None:
         """A record whose reply cannot be delivered, or whose processing failed: answer
