@@ -478,3 +478,29 @@ async def test_damaged_records_refuse_the_key_and_crash_nothing(
     assert damaged_policy.json()["error"]["code"] == "tenant_unknown"
     assert (await client.get("/health")).status_code == 200
     assert not ingress.failed.is_set()
+
+
+async def test_an_address_that_keeps_failing_is_refused_before_any_lookup(
+    client: httpx.AsyncClient, keys: Keys
+) -> None:
+    """Failed authentications cost the attacker: past its budget (20, refilled at 1/s)
+    an address gets 429 with Retry-After, even with a right key; other addresses and
+    the right key elsewhere are not affected."""
+    attacker = {"X-Forwarded-For": "198.51.100.66"}  # trusted_proxies=1: the client's address
+    bad = Keys.auth("sk-sw-0123456789ab_" + "x" * 43) | attacker
+    codes = [
+        (await client.post("/v1/chat/completions", json=CHAT, headers=bad)).status_code
+        for _ in range(21)
+    ]
+    assert codes[:20] == [401] * 20
+    assert codes[20] == 429
+    blocked = await client.post(
+        "/v1/chat/completions", json=CHAT, headers=Keys.auth(keys.pro) | attacker
+    )
+    assert blocked.status_code == 429
+    assert blocked.json()["error"]["code"] == "too_many_failures"
+    assert int(blocked.headers["Retry-After"]) >= 1
+    elsewhere = Keys.auth("sk-sw-0123456789ab_" + "y" * 43) | {"X-Forwarded-For": "203.0.113.7"}
+    assert (
+        await client.post("/v1/chat/completions", json=CHAT, headers=elsewhere)
+    ).status_code == 401
