@@ -109,8 +109,11 @@ class InferenceRequest(Message):
 
     @property
     def partition_key(self) -> str:
-        """Session affinity: the same session lands on the same partition (and worker)."""
-        return self.session_id or self.tenant
+        """Session affinity where a session asks for it: the same session lands on the
+        same partition (and worker). Session-less work is keyed by its request id, so it
+        spreads over the pool's partitions: keyed by tenant, a large tenant's whole load
+        would land on one worker while its peers idle."""
+        return self.session_id or self.request_id
 
     def expired(self, now: float) -> bool:
         """Past its deadline at ``now`` (the deadline itself counts as past): the one

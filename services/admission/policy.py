@@ -34,8 +34,10 @@ change (the service logs each change); level 2 rate limit — the pool is paced 
 ``rate_limit_factor`` of its batch slots; level 3 reject new and level 4 (emergency:
 the pool's workers restart, the pool drains) — every request for the pool rejected
 (``breaker_open``, ``Retry-After``); half-open at level 3+ lets ``probe_requests``
-requests through per event (per admission instance), so that the controller sees the
-probes it needs to close the circuit.
+requests through per half-open *decision* (per admission instance), so that the
+controller sees the probes it needs to close the circuit. A decision is told from its
+re-publications by ``issued_at``, which re-publication keeps: re-publishing every few
+seconds must not let another batch of probes through each time.
 
 Degradation ladder (the requested pool's level; cumulative, as the controller issues
 it): 1 — non-VIP classes are diverted to the small pool (``diverted_from``), unless
@@ -285,8 +287,9 @@ class AdmissionPolicy:
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
-        self._probes_used: dict[str, tuple[int, int]] = {}
-        """Breaker control key → (seq of the half-open event, probes let through)."""
+        self._probes_used: dict[str, tuple[float, int]] = {}
+        """Breaker control key → (``issued_at`` of the half-open decision, probes let
+        through under it)."""
 
     # -- routing -------------------------------------------------------------------
     def requested_pool(self, request: InferenceRequest) -> str:
@@ -335,8 +338,8 @@ class AdmissionPolicy:
         if level >= BreakerLevel.REJECT_NEW:
             if breaker.state == "open":
                 return PoolGate(refuse=True, level=level)
-            seq, used = self._probes_used.get(breaker.control_key, (breaker.seq, 0))
-            left = breaker.probe_requests - (used if seq == breaker.seq else 0)
+            issued, used = self._probes_used.get(breaker.control_key, (breaker.issued_at, 0))
+            left = breaker.probe_requests - (used if issued == breaker.issued_at else 0)
             return PoolGate(refuse=left <= 0, level=level, probes_left=max(0, left))
         factor = self.config.rate_limit_factor if level == BreakerLevel.RATE_LIMIT else 1.0
         return PoolGate(factor=factor, level=level)
@@ -344,9 +347,9 @@ class AdmissionPolicy:
     def _spend_probe(self, pool: str, control: ControlState) -> None:
         breaker = _scoped(control, BreakerState, pool)
         assert breaker is not None
-        seq, used = self._probes_used.get(breaker.control_key, (breaker.seq, 0))
-        used = used + 1 if seq == breaker.seq else 1
-        self._probes_used[breaker.control_key] = (breaker.seq, used)
+        issued, used = self._probes_used.get(breaker.control_key, (breaker.issued_at, 0))
+        used = used + 1 if issued == breaker.issued_at else 1
+        self._probes_used[breaker.control_key] = (breaker.issued_at, used)
 
     def tenant_config(
         self, tenant: str, tier: Tier, control: ControlState, now: float

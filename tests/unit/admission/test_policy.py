@@ -559,13 +559,20 @@ def test_breaker_levels_at_dispatch(
         assert isinstance(got, Admit)
 
 
-def test_half_open_lets_its_probes_through_per_event() -> None:
+def test_half_open_lets_its_probes_through_per_decision_not_per_republication() -> None:
     p = policy()
-    ctl = control(breaker("pool:main", BreakerLevel.REJECT_NEW, "half_open", probes=2))
+    decision = breaker("pool:main", BreakerLevel.REJECT_NEW, "half_open", probes=2)
+    ctl = control(decision)
     verdicts = [p.release(request(), Priority.BULK, accepted(), ctl, NOW) for _ in range(3)]
     assert [type(v).__name__ for v in verdicts] == ["Admit", "Admit", "Reply"]
     assert p.gate("main", ctl).probes_left == 0
-    ctl.apply(breaker("pool:main", BreakerLevel.REJECT_NEW, "half_open", probes=1))  # a new round
+    # The controller re-publishes the decision in force: new seq, same issued_at.
+    for _ in range(3):
+        assert ctl.apply(decision.model_copy(update={"seq": next(_seq)}))
+        assert p.gate("main", ctl).refuse
+    # A new half-open decision (the probes failed, the breaker re-opened, retried).
+    later = breaker("pool:main", BreakerLevel.REJECT_NEW, "half_open", probes=1)
+    ctl.apply(later.model_copy(update={"issued_at": NOW + 30}))
     assert p.gate("main", ctl).probes_left == 1
     assert isinstance(p.release(request(), Priority.BULK, accepted(), ctl, NOW), Admit)
     assert p.gate("main", ctl).refuse

@@ -8,6 +8,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -155,3 +156,20 @@ def test_models_are_frozen() -> None:
     req = InferenceRequest.model_validate(_request())
     with pytest.raises(ValidationError):
         req.tenant = "other"  # type: ignore[misc]
+
+
+def test_session_less_requests_of_one_tenant_spread_over_partitions() -> None:
+    """Keyed by tenant, one tenant's load would land on one partition (one worker)."""
+    partitions = list(range(8))
+    chosen = {
+        DefaultPartitioner()(
+            InferenceRequest.model_validate(_request(request_id=f"r{i}")).partition_key.encode(),
+            partitions,
+            partitions,
+        )
+        for i in range(200)
+    }
+    assert chosen == set(partitions)
+    session = InferenceRequest.model_validate(_request(request_id="r1", session_id="chat-7"))
+    again = InferenceRequest.model_validate(_request(request_id="r2", session_id="chat-7"))
+    assert session.partition_key == again.partition_key == "chat-7"
