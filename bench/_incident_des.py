@@ -85,14 +85,22 @@ class VirtualEngine:
         self._busy = False
         self._tokens: dict[str, int] = {}
         self._first: dict[str, float] = {}
+        self._prefill: dict[str, int] = {}
+        """Prompt tokens of the requests with no first token yet."""
 
     @property
     def in_flight(self) -> int:
         return len(self._tokens)
 
+    @property
+    def prefill_pending_tokens(self) -> int:
+        """What a seawall worker reports in ``EngineStats.prefill_pending_tokens``."""
+        return sum(self._prefill.values())
+
     def add(self, request_id: str, prompt_tokens: int, max_tokens: int, priority: int) -> None:
         self.core.add(request_id, prompt_tokens, max_tokens, now=self.loop.now, priority=priority)
         self._tokens[request_id] = 0
+        self._prefill[request_id] = prompt_tokens
         if not self._busy:
             self._busy = True
             self.loop.at(self.loop.now, self._step)
@@ -100,6 +108,7 @@ class VirtualEngine:
     def abort(self, request_id: str) -> None:
         if self._tokens.pop(request_id, None) is not None:
             self._first.pop(request_id, None)
+            self._prefill.pop(request_id, None)
             self.core.abort(request_id)
 
     def _step(self) -> None:
@@ -117,8 +126,10 @@ class VirtualEngine:
         for request_id in result.first_token:
             if request_id in tokens:
                 self._first[request_id] = now
+                self._prefill.pop(request_id, None)
         for request_id, reason in result.finished.items():
             if request_id in tokens:
+                self._prefill.pop(request_id, None)
                 self._on_done(
                     request_id, reason, tokens.pop(request_id), self._first.pop(request_id, None)
                 )

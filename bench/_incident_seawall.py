@@ -60,13 +60,14 @@ from schemas import (
     WorkerHeartbeat,
 )
 from services.admission.bucket import BucketState, Dimension, adjust, decide
-from services.admission.capacity import FleetCapacity
+from services.admission.capacity import Cost, FleetCapacity
 from services.admission.dispatching import pick
 from services.admission.policy import (
     Accepted,
     AdmissionPolicy,
     PolicyConfig,
     Reply,
+    engine_cost,
     worker_share,
 )
 from services.admission.scheduler import PriorityScheduler
@@ -141,6 +142,10 @@ class _Waiting:
     source: Priority
     accepted: Accepted
     since: float
+
+    @property
+    def cost(self) -> Cost:
+        return self.accepted.cost
 
 
 def summarize(event: ControlEvent) -> str:
@@ -237,6 +242,7 @@ class _Worker:
                 in_flight=in_flight,
                 batch_limit=self.batch_limit,
                 limits=limits_info(limits),
+                prefill_pending_tokens=self.engine.prefill_pending_tokens,
             )
         )
         run.telemetry(gpu_stats(replace(gpu, simulated=True), self.id, self.pool, common["at"]))
@@ -437,7 +443,8 @@ class SeawallRun:
                 self._settle(w.request.request_id, w.request.tenant, w.arrival, 0)
                 continue
             d = verdict.dispatch
-            self.capacity.dispatched(d.pool, w.request.request_id, mono)
+            cost = engine_cost(w.cost, d.degradation)
+            self.capacity.dispatched(d.pool, w.request.request_id, mono, cost)
             self.hop(partial(self._to_pool, d))
 
     def _to_pool(self, d: DispatchedRequest) -> None:

@@ -73,6 +73,9 @@ class EngineStats(Message):
     batch_limit: int = Field(ge=1, le=65_536)
     limits: EngineLimitsInfo
     at: Timestamp
+    prefill_pending_tokens: Count = 0
+    """Prompt tokens of the requests the worker runs that have no first token yet: the
+    prefill work queued in its engine, which admission paces against."""
 
 
 class GpuStats(Message):

@@ -91,7 +91,17 @@ async def send_all(
 
 
 def engine_stats(
-    worker_id: str, pool: str, batch_limit: int, in_flight: int = 0, max_model_len: int = 0
+    worker_id: str,
+    pool: str,
+    batch_limit: int,
+    in_flight: int = 0,
+    max_model_len: int = 0,
+    *,
+    kv_capacity_tokens: int = 1_000_000,
+    max_num_batched_tokens: int = 8192,
+    kv_cache_usage: float = 0.0,
+    preempted_total: int = 0,
+    prefill_pending_tokens: int = 0,
 ) -> EngineStats:
     return EngineStats(
         worker_id=worker_id,
@@ -99,18 +109,19 @@ def engine_stats(
         engine="fake",
         running=in_flight,
         waiting=0,
-        preempted_total=0,
-        kv_cache_usage=0.0,
+        preempted_total=preempted_total,
+        kv_cache_usage=kv_cache_usage,
         in_flight=in_flight,
         batch_limit=batch_limit,
         limits=EngineLimitsInfo(
             max_num_seqs=batch_limit,
-            max_num_batched_tokens=8192,
+            max_num_batched_tokens=max_num_batched_tokens,
             block_size=16,
-            kv_capacity_tokens=1_000_000,
+            kv_capacity_tokens=kv_capacity_tokens,
             max_model_len=max_model_len,
         ),
         at=time.time(),
+        prefill_pending_tokens=prefill_pending_tokens,
     )
 
 

@@ -41,12 +41,13 @@ def dispatched(
     pool: str = "main",
     deadline_in_s: float | None = None,
     priority: Priority = Priority.STANDARD,
+    prompt: str | None = None,
 ) -> DispatchedRequest:
     now = time.time()
     request = InferenceRequest(
         request_id=f"req-{i}",
         tenant="acme",
-        prompt=f"tell me about item {i}",
+        prompt=prompt or f"tell me about item {i}",
         sampling=SamplingParams(max_tokens=max_tokens),
         stream=stream,
         reply_to=reply_to,

@@ -1,33 +1,62 @@
-"""How much work each pool can absorb now: the pacing rule of admission (pure).
+"""How much work each pool can absorb now, in the engine's own units: the pacing rule
+of admission (pure).
 
-Admission dispatches to a pool only into free batch slots, so the pool's dispatch topic
-never holds more than a few records: a burst of bulk work waits in admission, in
-priority order, and a VIP request arriving later overtakes it there.
+Admission dispatches to a pool only what its workers can absorb, so the pool's dispatch
+topic never holds more than a few records: a burst of bulk work waits in admission, in
+priority order, and a VIP request arriving later overtakes it there. "Absorb" has three
+dimensions, each a budget over the pool's *live* workers and an estimate of what is in
+the pool now; a request is dispatched only when it fits all three:
 
-The rule, per pool::
+- **batch slots**: ``Σ max(1, ⌊batch_limit × factor × share⌋) + slack`` against the
+  requests dispatched and not finished;
+- **KV tokens**: ``Σ ⌊kv_capacity_tokens × kv_fill × kv_scale × factor × share⌋``
+  against the tokens reserved for the requests in the pool, each ``prompt +
+  max_tokens`` (the most its sequence can hold). A long-prompt burst stops here before
+  it floods a worker's KV cache into preemptions;
+- **prefill tokens**: ``Σ max_num_batched_tokens × prefill_steps × factor × share``
+  against the prompt tokens waiting for their first token: the prefill work queued in
+  the engines, which every newcomer's TTFT waits behind (a VIP's included: vLLM's
+  priority policy reorders the waiting queue, but running prefills keep their turn).
 
-    free = Σ max(1, ⌊batch_limit × factor⌋) + slack − in_pool
-
-over the pool's *live* workers: heard from (``EngineStats`` or ``WorkerHeartbeat``)
-within ``worker_timeout_s``, last heartbeat status ``starting`` or ``serving`` (not
+Live workers: heard from (``EngineStats`` or ``WorkerHeartbeat``) within
+``worker_timeout_s``, last heartbeat status ``starting`` or ``serving`` (not
 ``draining`` or ``stopped``), and with a share above 0. ``factor`` is 1, or less under
 a pool breaker at level 2 (rate limit); a worker's ``share`` (``policy.worker_share``)
-is 1, less under its own rate-limiting breaker, 0 when its breaker isolates it. A
-worker's term is ``max(1, ⌊batch_limit × factor × share⌋)``. ``slack`` lets a
-worker find its next record already waiting when a slot frees. ``in_pool`` is the
-larger of two estimates of the requests dispatched and not yet finished:
+is 1, less under its own rate-limiting breaker, 0 when its breaker isolates it.
+``slack`` lets a worker find its next record already waiting when a slot frees.
 
-- *telemetry*: Σ (``in_flight`` of the worker's latest report − the completions it
-  reported since; a worker's telemetry is one partition, so "since" is record order,
-  no clocks compared) + our dispatches made after the oldest of those reports was
-  received (not yet reflected in any report; a conservative count);
+What is in the pool is the larger of two estimates (the prefill dimension has only the
+first: no completion says when a prompt's prefill ended):
+
+- *telemetry*: each worker's latest report (``in_flight`` minus the completions it
+  reported since — a worker's telemetry is one partition, so "since" is record order,
+  no clocks compared; ``kv_cache_usage × kv_capacity_tokens``; its
+  ``prefill_pending_tokens``) plus our dispatches made after the oldest of those
+  reports was received (not yet reflected in any report; a conservative count);
 - *ledger*: the dispatches of this admission instance with no ``RequestCompleted`` yet
-  (by request id; forgotten after ``ledger_ttl_s`` in case a completion is lost).
+  (by request id, with their cost; forgotten after ``ledger_ttl_s`` in case a
+  completion is lost).
 
 The ledger is exact for one admission instance, including records still waiting in
 Kafka, which the telemetry cannot see; the telemetry covers the other instances'
-dispatches (up to one report interval late). A pool with no live worker has no
-capacity: its work waits (and expires at its deadline).
+dispatches (up to one report interval late) and a request's real KV use.
+
+``kv_scale`` corrects each worker's KV budget by what its engine reports, additive
+increase, multiplicative decrease: a report with new preemptions multiplies it by
+``kv_backoff`` (down to ``kv_scale_min``); a report with ``kv_cache_usage`` under
+``kv_high`` and no new preemption adds ``kv_step`` (up to ``kv_scale_max``, above 1:
+reservations count ``max_tokens`` in full while most requests stop earlier, so a worker
+whose cache stays cool may hold more than its reservations say).
+
+**VIP reserve** (``RoundBudget``): in every dimension, non-VIP work must leave
+``vip_reserve`` of the budget free; only VIP requests may use it. A VIP arriving in a
+burst finds room on the engines at once instead of waiting for bulk work to finish.
+Whatever its size, one request always fits a dimension that holds nothing (a prompt
+larger than the prefill budget is not stuck forever).
+
+A pool with no live worker has no capacity: its work waits (and expires at its
+deadline). A dimension no live worker has reported (``kv_capacity_tokens`` 0, a
+worker without ``EngineStats`` yet) does not limit.
 
 ``max_model_len`` is the longest sequence every live worker of a pool can run (the
 smallest their ``EngineStats`` report): what admission checks a request's prompt plus
@@ -39,7 +68,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 from schemas import EngineStats, RequestCompleted, TelemetryEvent, WorkerHeartbeat
 
@@ -52,10 +81,45 @@ class CapacityConfig:
     worker_timeout_s: float = 10.0
     slack: int = 2
     ledger_ttl_s: float = 600.0
+    prefill_steps: float = 4.0
+    """Prompt tokens waiting for their first token, per worker, in engine steps'
+    worth (``max_num_batched_tokens`` each)."""
+    kv_fill: float = 0.9
+    """The share of a worker's KV cache reservations may fill, before ``kv_scale``."""
+    kv_high: float = 0.9
+    kv_step: float = 0.05
+    kv_backoff: float = 0.7
+    kv_scale_min: float = 0.3
+    kv_scale_max: float = 1.5
+    vip_reserve: float = 0.1
+    """The share of every budget only VIP requests may use."""
 
     def __post_init__(self) -> None:
         if self.worker_timeout_s <= 0 or self.ledger_ttl_s <= 0 or self.slack < 0:
             raise ValueError("timeouts must be positive and the slack not negative")
+        if self.prefill_steps <= 0 or not 0 < self.kv_fill <= 1 or not 0 < self.kv_high <= 1:
+            raise ValueError("prefill_steps must be positive, kv_fill and kv_high in (0, 1]")
+        if not 0 < self.kv_scale_min <= 1 <= self.kv_scale_max or self.kv_step < 0:
+            raise ValueError("need 0 < kv_scale_min <= 1 <= kv_scale_max and kv_step >= 0")
+        if not 0 < self.kv_backoff < 1 or not 0 <= self.vip_reserve < 1:
+            raise ValueError("kv_backoff must lie in (0, 1) and vip_reserve in [0, 1)")
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What one request occupies on a worker, in the engine's units."""
+
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+
+    @property
+    def kv_tokens(self) -> int:
+        """The most its sequence can hold: what its KV reservation counts."""
+        return self.prompt_tokens + self.max_tokens
+
+
+NO_COST: Final = Cost()
+"""A request that needs no engine (a static reply), or one whose cost is not known."""
 
 
 @dataclass(slots=True)
@@ -69,24 +133,77 @@ class _Worker:
     """When anything of it was last read (liveness)."""
     status: WorkerStatus = "serving"
     completed_since_report: int = 0
-    max_model_len: int = 0
-    """From its ``EngineStats``; 0 until one says."""
+    engine: Engine | None = None
+    """From its latest ``EngineStats``; ``None`` until one says."""
+    kv_scale: float = 1.0
+    preempted_total: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """What a worker's ``EngineStats`` says of its engine's token capacity and use."""
+
+    kv_capacity_tokens: int = 0
+    max_num_batched_tokens: int = 0
+    kv_cache_usage: float = 0.0
+    prefill_pending_tokens: int = 0
+    preempted_total: int = 0
 
 
 @dataclass(slots=True)
 class _Pool:
-    ledger: OrderedDict[str, float] = field(default_factory=OrderedDict)
-    """Request id → when this instance dispatched it, oldest first."""
+    ledger: OrderedDict[str, tuple[float, Cost]] = field(default_factory=OrderedDict)
+    """Request id → when this instance dispatched it and its cost, oldest first."""
 
 
 @dataclass(frozen=True, slots=True)
 class PoolView:
-    """One pool's figures, as the pacing rule saw them."""
+    """One pool's figures, as the pacing rule saw them. A budget of 0 with a dimension
+    no live worker reported means "not limited" (see ``limited``)."""
 
     workers: int
     slots: int
     in_pool: int
     free: int
+    kv_budget: int = 0
+    kv_in_pool: int = 0
+    prefill_budget: int = 0
+    prefill_in_pool: int = 0
+    kv_limited: bool = False
+    prefill_limited: bool = False
+
+
+class RoundBudget:
+    """What one dispatch round may still send to a pool, dimension by dimension, with
+    the VIP reserve (see the module docstring). ``take`` each request dispatched."""
+
+    def __init__(self, view: PoolView, vip_reserve: float, max_requests: int | None = None):
+        self._view = view
+        self._reserve = vip_reserve
+        self._slots_free = view.free if max_requests is None else min(view.free, max_requests)
+        self._reserved_slots = math.floor(view.slots * vip_reserve)
+        self._kv = view.kv_in_pool
+        self._prefill = view.prefill_in_pool
+
+    def fits(self, cost: Cost, vip: bool) -> bool:
+        keep = 0.0 if vip else self._reserve
+        if self._slots_free - (0 if vip else self._reserved_slots) < 1:
+            return False
+        v = self._view
+        if v.kv_limited and not _within(self._kv, cost.kv_tokens, v.kv_budget * (1 - keep)):
+            return False
+        limit = v.prefill_budget * (1 - keep)
+        return not v.prefill_limited or _within(self._prefill, cost.prompt_tokens, limit)
+
+    def take(self, cost: Cost) -> None:
+        self._slots_free -= 1
+        self._kv += cost.kv_tokens
+        self._prefill += cost.prompt_tokens
+
+
+def _within(used: int, cost: int, budget: float) -> bool:
+    """``cost`` more fits ``budget``; anything fits a dimension that holds nothing."""
+    return used == 0 or used + cost <= budget
 
 
 class FleetCapacity:
@@ -114,8 +231,9 @@ class FleetCapacity:
         in_flight: int,
         now: float,
         status: WorkerStatus | None = None,
+        engine: Engine | None = None,
     ) -> None:
-        """An ``EngineStats`` (``status=None``) or a ``WorkerHeartbeat``."""
+        """An ``EngineStats`` (``status=None``, with ``engine``) or a ``WorkerHeartbeat``."""
         w = self._workers.get(worker_id)
         if w is None:
             w = self._workers[worker_id] = _Worker(pool, batch_limit, in_flight, now, now)
@@ -124,20 +242,50 @@ class FleetCapacity:
         w.completed_since_report = 0
         if status is not None:
             w.status = status
+        if engine is not None:
+            self._correct_kv(w, engine)
+            w.engine = engine
+
+    def _correct_kv(self, w: _Worker, engine: Engine) -> None:
+        """AIMD on the worker's ``kv_scale`` (module docstring)."""
+        c = self.config
+        before, w.preempted_total = w.preempted_total, engine.preempted_total
+        if before is None:
+            return  # the first report: nothing to compare with yet
+        if engine.preempted_total > before:
+            w.kv_scale = max(c.kv_scale_min, w.kv_scale * c.kv_backoff)
+        elif engine.kv_cache_usage < c.kv_high:
+            w.kv_scale = min(c.kv_scale_max, w.kv_scale + c.kv_step)
 
     def observe(self, event: TelemetryEvent, now: float) -> None:
         """A telemetry record, whatever its kind (those that say nothing of capacity are
         ignored): what admission's telemetry loop feeds."""
-        if isinstance(event, EngineStats | WorkerHeartbeat):
-            if isinstance(event, EngineStats) and event.limits.max_model_len:
+        if isinstance(event, EngineStats):
+            if event.limits.max_model_len:
                 self._model_lens[event.worker_id] = event.limits.max_model_len
+            engine = Engine(
+                kv_capacity_tokens=event.limits.kv_capacity_tokens,
+                max_num_batched_tokens=event.limits.max_num_batched_tokens,
+                kv_cache_usage=event.kv_cache_usage,
+                prefill_pending_tokens=event.prefill_pending_tokens,
+                preempted_total=event.preempted_total,
+            )
             self.report(
                 event.worker_id,
                 event.pool,
                 batch_limit=event.batch_limit,
                 in_flight=event.in_flight,
                 now=now,
-                status=event.status if isinstance(event, WorkerHeartbeat) else None,
+                engine=engine,
+            )
+        elif isinstance(event, WorkerHeartbeat):
+            self.report(
+                event.worker_id,
+                event.pool,
+                batch_limit=event.batch_limit,
+                in_flight=event.in_flight,
+                now=now,
+                status=event.status,
             )
         elif isinstance(event, RequestCompleted):
             self.completed(event.worker_id, event.request_id, now)
@@ -162,36 +310,65 @@ class FleetCapacity:
         else:
             self._shares[worker_id] = share
 
-    def dispatched(self, pool: str, request_id: str, now: float) -> None:
+    def dispatched(self, pool: str, request_id: str, now: float, cost: Cost = NO_COST) -> None:
         ledger = self._pool(pool).ledger
         ledger.pop(request_id, None)  # a re-dispatch counts once, from now
-        ledger[request_id] = now
+        ledger[request_id] = (now, cost)
 
     # -- the rule ------------------------------------------------------------------
     def view(self, pool: str, now: float, factor: float = 1.0) -> PoolView:
         if not 0.0 <= factor <= 1.0:
             raise ValueError("factor must lie in [0, 1]")
+        c = self.config
         ledger = self._pool(pool).ledger
         self._forget_old(ledger, now)
         live = self._live(pool, now)
         if not live:
             return PoolView(0, 0, len(ledger), 0)
-        slots = sum(
-            max(1, math.floor(w.batch_limit * factor * self._shares.get(wid, 1.0)))
-            for wid, w in live
-        )
-        reported = sum(max(0, w.in_flight - w.completed_since_report) for _, w in live)
+        slots = kv_budget = prefill_budget = 0
+        reported = reported_kv = reported_prefill = 0
+        for wid, w in live:
+            part = factor * self._shares.get(wid, 1.0)
+            slots += max(1, math.floor(w.batch_limit * part))
+            reported += max(0, w.in_flight - w.completed_since_report)
+            e = w.engine
+            if e is not None:
+                kv_budget += math.floor(e.kv_capacity_tokens * c.kv_fill * w.kv_scale * part)
+                prefill_budget += math.floor(e.max_num_batched_tokens * c.prefill_steps * part)
+                reported_kv += math.ceil(e.kv_cache_usage * e.kv_capacity_tokens)
+                reported_prefill += e.prefill_pending_tokens
         oldest_report = min(w.reported_at for _, w in live)
-        unreflected = 0
-        for dispatched_at in reversed(ledger.values()):
+        unreflected = unreflected_kv = unreflected_prefill = 0
+        for dispatched_at, cost in reversed(ledger.values()):
             if dispatched_at <= oldest_report:
                 break
             unreflected += 1
+            unreflected_kv += cost.kv_tokens
+            unreflected_prefill += cost.prompt_tokens
         in_pool = max(len(ledger), reported + unreflected)
-        return PoolView(len(live), slots, in_pool, max(0, slots + self.config.slack - in_pool))
+        ledger_kv = sum(cost.kv_tokens for _, cost in ledger.values())
+        return PoolView(
+            workers=len(live),
+            slots=slots,
+            in_pool=in_pool,
+            free=max(0, slots + c.slack - in_pool),
+            kv_budget=kv_budget,
+            kv_in_pool=max(ledger_kv, reported_kv + unreflected_kv),
+            prefill_budget=prefill_budget,
+            prefill_in_pool=reported_prefill + unreflected_prefill,
+            kv_limited=kv_budget > 0,
+            prefill_limited=prefill_budget > 0,
+        )
 
     def free(self, pool: str, now: float, factor: float = 1.0) -> int:
         return self.view(pool, now, factor).free
+
+    def budget(
+        self, pool: str, now: float, factor: float = 1.0, max_requests: int | None = None
+    ) -> tuple[PoolView, RoundBudget]:
+        """The pool's view, and the budget of a dispatch round on it."""
+        view = self.view(pool, now, factor)
+        return view, RoundBudget(view, self.config.vip_reserve, max_requests)
 
     def model_lens(self, now: float) -> dict[str, int]:
         """Per pool, the ``max_model_len`` every live worker can run (pools whose
@@ -224,9 +401,9 @@ class FleetCapacity:
             if w.pool == pool and w.status in _ABSORBING and self._shares.get(wid, 1.0) > 0
         ]
 
-    def _forget_old(self, ledger: OrderedDict[str, float], now: float) -> None:
+    def _forget_old(self, ledger: OrderedDict[str, tuple[float, Cost]], now: float) -> None:
         while ledger:
-            first = next(iter(ledger.values()))
+            first, _ = next(iter(ledger.values()))
             if now - first <= self.config.ledger_ttl_s:
                 break
             ledger.popitem(last=False)

@@ -3,10 +3,13 @@
 The waiting requests sit in queues keyed by (class, requested pool). A round groups them
 by *destination* pool (the requested pool, or the small pool where the degradation
 ladder diverts the class), then per pool: a breaker refusing new work gets every request
-for the pool picked (the caller answers them ``breaker_open``); otherwise the pool's free
-capacity (the pacing rule, ``capacity.FleetCapacity``, at the breaker's rate-limit
-factor, and at most the half-open probes left) is shared among the classes by the pool's
-``PriorityScheduler``, and within a class the longest-waiting requests go first.
+for the pool picked (the caller answers them ``breaker_open``); otherwise the pool's
+``RoundBudget`` (the pacing rule, ``capacity.FleetCapacity``, at the breaker's
+rate-limit factor, and at most the half-open probes left) is filled slot by slot: the
+pool's ``PriorityScheduler`` chooses among the classes whose longest-waiting request
+fits the budget now (slots, KV and prefill tokens, the VIP reserve for VIP alone), and
+that request goes. A class whose head does not fit yields its turn to one whose head
+does (work-conserving) without letting a smaller request of its own jump the queue.
 
 The round takes the picked requests out of their queues and advances the schedulers'
 counters; releasing them (``AdmissionPolicy.release``) is the caller's next step.
@@ -19,25 +22,34 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol, TypeVar
 
 from schemas import Priority
-from services.admission.capacity import FleetCapacity, PoolView
+from services.admission.capacity import Cost, FleetCapacity, PoolView, RoundBudget
 from services.admission.policy import AdmissionPolicy
 from services.admission.scheduler import ClassLoad, PriorityScheduler
 from services.common.control import ControlState
 
 
 class Waiting(Protocol):
-    since: float
-    """When it started waiting (the caller's monotonic clock)."""
+    @property
+    def since(self) -> float:
+        """When it started waiting (the caller's monotonic clock)."""
+
+    @property
+    def cost(self) -> Cost:
+        """What it will occupy on a worker."""
 
 
 W = TypeVar("W", bound=Waiting)
+
+
+def _oldest(dqs: list[deque[W]]) -> deque[W] | None:
+    return min((d for d in dqs if d), key=lambda d: d[0].since, default=None)
 
 
 def take_oldest(dqs: list[deque[W]], n: int) -> list[W]:
     """The ``n`` longest-waiting requests across ``dqs`` (fewer if they hold fewer)."""
     taken: list[W] = []
     for _ in range(n):
-        dq = min((d for d in dqs if d), key=lambda d: d[0].since, default=None)
+        dq = _oldest(dqs)
         if dq is None:
             break
         taken.append(dq.popleft())
@@ -63,7 +75,8 @@ def pick(
     views: dict[str, PoolView] = {}
     for pool in pools:
         gate = policy.gate(pool, control)
-        view = views[pool] = capacity.view(pool, now, gate.factor)
+        view, budget = capacity.budget(pool, now, gate.factor, gate.probes_left)
+        views[pool] = view
         classes = feeding.get(pool)
         if not classes:
             continue
@@ -71,12 +84,29 @@ def pick(
             for dqs in classes.values():
                 picked += take_oldest(dqs, sum(len(dq) for dq in dqs))
             continue
-        free = view.free if gate.probes_left is None else min(view.free, gate.probes_left)
-        loads = {
-            cls: ClassLoad(sum(len(dq) for dq in dqs), now - min(dq[0].since for dq in dqs))
-            for cls, dqs in classes.items()
-        }
-        for cls, n in schedulers[pool].plan(loads, free).items():
-            if n:
-                picked += take_oldest(classes[cls], n)
+        picked += _fill(classes, budget, schedulers[pool], now)
     return picked, views
+
+
+def _fill(
+    classes: Mapping[Priority, list[deque[W]]],
+    budget: RoundBudget,
+    scheduler: PriorityScheduler,
+    now: float,
+) -> list[W]:
+    picked: list[W] = []
+    while True:
+        heads: dict[Priority, deque[W]] = {}
+        loads: dict[Priority, ClassLoad] = {}
+        for cls, dqs in classes.items():
+            dq = _oldest(dqs)
+            if dq is not None and budget.fits(dq[0].cost, cls is Priority.VIP):
+                heads[cls] = dq
+                backlog = sum(len(d) for d in dqs)
+                loads[cls] = ClassLoad(backlog, now - dq[0].since)
+        chosen = scheduler.next(loads)
+        if chosen is None:
+            return picked
+        w = heads[chosen].popleft()
+        budget.take(w.cost)
+        picked.append(w)

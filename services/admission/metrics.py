@@ -24,6 +24,12 @@ POOL_FREE = Gauge(
 POOL_SLOTS = Gauge(
     "seawall_admission_pool_slots", "Batch slots of the pool's live workers, paced", ["pool"]
 )
+POOL_TOKENS = Gauge(
+    "seawall_admission_pool_tokens",
+    "The pacing rule's token dimensions per pool: KV (reserved prompt + max_tokens) and "
+    "prefill (prompt tokens before their first token), budget and in the pool",
+    ["pool", "dimension", "figure"],
+)
 QUOTA_LATENCY = Histogram(
     "seawall_admission_quota_seconds",
     "One round trip of pipelined quota decisions",

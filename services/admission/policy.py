@@ -85,6 +85,7 @@ from schemas import (
     Tier,
 )
 from services.admission.bucket import Limit, QuotaDecision, TierConfig
+from services.admission.capacity import NO_COST, Cost
 from services.admission.quota import QuotaRequest
 from services.common.control import ControlState, isolates
 from services.common.tokenizer import count_tokens
@@ -136,6 +137,7 @@ class Screened:
     """The pool asked for (the enterprise pool for the enterprise tier)."""
     tenant: QuotaRequest
     region: QuotaRequest | None = None
+    prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,8 @@ class Accepted:
     quota_degraded: bool
     reserved_tokens: float
     """Tokens charged to the tenant's bucket, to correct at completion (0: none)."""
+    cost: Cost = NO_COST
+    """What it will occupy on a worker (the pacing rule's units)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +184,15 @@ def worker_share(breaker: BreakerState, rate_limit_factor: float) -> float:
     if breaker.state == "open" and breaker.level == BreakerLevel.RATE_LIMIT:
         return rate_limit_factor
     return 1.0
+
+
+def engine_cost(cost: Cost, degradation: Degradation) -> Cost:
+    """What a dispatched request occupies on its worker: nothing for a static reply, its
+    ``max_tokens`` at most the truncation cap."""
+    if degradation.static_reply:
+        return NO_COST
+    cap = degradation.max_tokens_cap
+    return cost if cap is None else Cost(cost.prompt_tokens, min(cost.max_tokens, cap))
 
 
 def prompt_tokens(request: InferenceRequest) -> int:
@@ -419,8 +432,9 @@ class AdmissionPolicy:
                 now,
                 retry_only(self.config.quota_retry_after_s),
             )
-        tokens = sequence_tokens(request)
-        return Screened(pool, QuotaRequest(request.tenant, config, 1, tokens), region)
+        prompt = prompt_tokens(request)
+        tokens = prompt + request.sampling.max_tokens
+        return Screened(pool, QuotaRequest(request.tenant, config, 1, tokens), region, prompt)
 
     # -- 2. with the quota decisions ----------------------------------------------------
     def judge(
@@ -461,7 +475,8 @@ class AdmissionPolicy:
             )
         degraded = tenant.outcome == "degrade"
         reserved = 0.0 if tenant.reason == "quota_unavailable" else screened.tenant.tokens
-        return Accepted(screened.pool, DEMOTED[cls] if degraded else cls, degraded, reserved)
+        cost = Cost(screened.prompt_tokens, request.sampling.max_tokens)
+        return Accepted(screened.pool, DEMOTED[cls] if degraded else cls, degraded, reserved, cost)
 
     # -- 3. at dispatch ---------------------------------------------------------------
     def release(

@@ -69,7 +69,7 @@ from schemas import (
     Tier,
 )
 from services.admission import metrics as m
-from services.admission.capacity import CapacityConfig, FleetCapacity
+from services.admission.capacity import CapacityConfig, Cost, FleetCapacity
 from services.admission.dispatching import pick
 from services.admission.policy import (
     Accepted,
@@ -78,6 +78,7 @@ from services.admission.policy import (
     PolicyConfig,
     Reply,
     Screened,
+    engine_cost,
     failed,
     worker_share,
 )
@@ -132,6 +133,10 @@ class _Waiting:
     since: float
     replayed: bool = False
     """Charged by an earlier delivery: nothing is reserved or refunded again."""
+
+    @property
+    def cost(self) -> Cost:
+        return self.accepted.cost
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -214,6 +219,9 @@ class Admission(Component):
                 worker_timeout_s=settings.worker_timeout_s,
                 slack=settings.pacing_slack,
                 ledger_ttl_s=settings.ledger_ttl_s,
+                prefill_steps=settings.pacing_prefill_steps,
+                kv_fill=settings.pacing_kv_fill,
+                vip_reserve=settings.vip_reserve,
             )
         )
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
@@ -576,6 +584,10 @@ class Admission(Component):
         for pool, view in views.items():
             m.POOL_FREE.labels(pool).set(view.free)
             m.POOL_SLOTS.labels(pool).set(view.slots)
+            m.POOL_TOKENS.labels(pool, "kv", "budget").set(view.kv_budget)
+            m.POOL_TOKENS.labels(pool, "kv", "in_pool").set(view.kv_in_pool)
+            m.POOL_TOKENS.labels(pool, "prefill", "budget").set(view.prefill_budget)
+            m.POOL_TOKENS.labels(pool, "prefill", "in_pool").set(view.prefill_in_pool)
         self._unbuffer(picked)
         return picked
 
@@ -622,7 +634,9 @@ class Admission(Component):
                 else:
                     self._fail_waiting(w, e)
                 continue
-            self.capacity.dispatched(d.pool, w.request.request_id, mono)
+            self.capacity.dispatched(
+                d.pool, w.request.request_id, mono, engine_cost(w.cost, d.degradation)
+            )
             sends.append((w, verdict, future))
         acks = await asyncio.gather(*(f for *_, f in sends), return_exceptions=True)
         for (w, admit, _), ack in zip(sends, acks, strict=True):

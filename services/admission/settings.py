@@ -109,6 +109,16 @@ class AdmissionSettings(CommonSettings):
     """A worker not heard from for longer no longer counts towards its pool's capacity."""
     ledger_ttl_s: float = Field(default=600.0, gt=0, le=86_400)
     """How long a dispatched request counts as in the pool without a completion."""
+    pacing_prefill_steps: float = Field(default=4.0, gt=0, le=1000)
+    """Prompt tokens a worker may hold before their first token, in engine steps'
+    worth (``max_num_batched_tokens`` each): the prefill queue every newcomer's TTFT
+    waits behind."""
+    pacing_kv_fill: float = Field(default=0.9, gt=0, le=1)
+    """The share of a worker's KV cache that reservations (prompt + ``max_tokens``) may
+    fill, corrected up or down by its reported usage and preemptions."""
+    vip_reserve: float = Field(default=0.1, ge=0, lt=1)
+    """The share of every pool's batch slots, KV and prefill budget only VIP requests
+    may use."""
 
     max_buffered_per_class: int = Field(default=1000, ge=1, le=1_000_000)
     """Decided requests held per priority class awaiting dispatch; above it the class's

@@ -109,6 +109,8 @@ class _Run:
         self.lost = False
         """Its lease ran out and another worker took the request over."""
         self.joined: list[tuple[TopicPartition, int]] = []
+        self.prefill_tokens = 0
+        """Its prompt's tokens while the engine has them and no first token yet."""
 
 
 def prompt_text(d: DispatchedRequest) -> str:
@@ -328,6 +330,12 @@ class Worker(Component):
             self._capacity.notify_all()
 
     @property
+    def prefill_pending_tokens(self) -> int:
+        """Prompt tokens of the requests in the engine with no first token yet (what
+        admission paces prefill against; engine-agnostic: counted here, not asked)."""
+        return sum(r.prefill_tokens for r in self._runs.values())
+
+    @property
     def in_flight(self) -> int:
         return len(self._requests)
 
@@ -541,6 +549,7 @@ class Worker(Component):
             seed=req.sampling.seed,
         )
         run.engine_request_id = engine_request.request_id
+        run.prefill_tokens = engine_request.prompt_tokens
         coalescer = Coalescer(self.settings.chunk_max_tokens, self.settings.chunk_max_interval_s)
         sends: list[asyncio.Future[Any]] = []
         parts: list[str] = []
@@ -566,19 +575,23 @@ class Worker(Component):
                 raise
             m.CHUNKS.inc()
 
-        async for out in self.engine.generate(engine_request):
-            now = self.clock.time()
-            if ttft is None and out.new_tokens:
-                ttft = now - started
-            parts.append(out.text)
-            completion_tokens = out.completion_tokens
-            prompt_tokens = out.prompt_tokens or prompt_tokens
-            if req.stream:
-                chunk = coalescer.add(out.text, out.new_tokens, now)
-                if chunk is not None:
-                    await send_chunk(chunk)
-            if out.finished:
-                finish_reason = out.finish_reason
+        try:
+            async for out in self.engine.generate(engine_request):
+                now = self.clock.time()
+                if ttft is None and out.new_tokens:
+                    ttft = now - started
+                    run.prefill_tokens = 0
+                parts.append(out.text)
+                completion_tokens = out.completion_tokens
+                prompt_tokens = out.prompt_tokens or prompt_tokens
+                if req.stream:
+                    chunk = coalescer.add(out.text, out.new_tokens, now)
+                    if chunk is not None:
+                        await send_chunk(chunk)
+                if out.finished:
+                    finish_reason = out.finish_reason
+        finally:
+            run.prefill_tokens = 0
         if run.lost:
             m.REQUESTS.labels("taken_over").inc()
             return  # the new owner's generation answers it
@@ -792,6 +805,7 @@ class Worker(Component):
                 batch_limit=self.batch_limit,
                 limits=limits_info(snap.limits),
                 at=now,
+                prefill_pending_tokens=self.prefill_pending_tokens,
             )
         )
         for g in self.probe.sample():

@@ -44,6 +44,10 @@ class WorkerSettings(CommonSettings):
     engine_block_size: int = Field(default=16, ge=1, le=256)
     engine_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     engine_max_model_len: int = Field(default=4096, ge=16, le=1_048_576)
+    engine_scheduling_policy: Literal["fcfs", "priority"] = "priority"
+    """vLLM's ``--scheduling-policy`` (and the simulator's): ``priority`` orders the
+    engine's waiting queue by the request's class, VIP first; running requests are only
+    preempted when KV blocks run out, as in vLLM V1."""
 
     # the simulated engine (a simulator of vLLM; see services/workers/engine/sim_core.py)
     sim_model: str = "llama-2-7b"

@@ -25,6 +25,7 @@ def sim_config(s: WorkerSettings) -> SimConfig:
         block_size=s.engine_block_size,
         gpu_memory_utilization=s.engine_gpu_memory_utilization,
         max_model_len=s.engine_max_model_len,
+        scheduling_policy=s.engine_scheduling_policy,
         step_time_scale=s.sim_time_scale,
         faults=SimFaults(
             error_rate=s.sim_error_rate,
@@ -51,6 +52,7 @@ def build_engine(s: WorkerSettings) -> Engine:
                 max_num_batched_tokens=s.engine_max_num_batched_tokens,
                 block_size=s.engine_block_size,
                 gpu_memory_utilization=s.engine_gpu_memory_utilization,
+                scheduling_policy=s.engine_scheduling_policy,
             )
         )
     return OpenAIHttpEngine(

@@ -21,6 +21,7 @@ from schemas import (
 from services.common.bus import make_consumer
 from services.common.serde import encode
 from services.common.settings import CommonSettings
+from services.common.tokenizer import count_tokens
 from services.common.topics import Topics
 from services.workers.service import Worker
 from tests.fleet import (
@@ -86,6 +87,29 @@ async def test_telemetry_of_every_kind(
     assert done.request_id == "req-0"  # type: ignore[attr-defined]
     assert done.completion_tokens == 32  # type: ignore[attr-defined]
     assert all(g.simulated for g in seen["gpu_stats"])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("worker", [{"sim_time_scale": 100.0}], indirect=True)
+async def test_prompt_tokens_before_their_first_token_are_reported_as_pending_prefill(
+    settings: CommonSettings, topics: Topics, worker: Worker
+) -> None:
+    prompt = "word " * 1500
+    async with ReplyReader(settings, topics) as client:
+        await produce(
+            settings,
+            topics.dispatch("main"),
+            [dispatched(0, client.topic, max_tokens=2, prompt=prompt)],
+        )
+        await until(lambda: worker.prefill_pending_tokens > 0)
+        pending = worker.prefill_pending_tokens
+        reported: list[int] = []
+        while pending not in reported and worker.prefill_pending_tokens:
+            seen = await read_telemetry(settings, topics, {"engine_stats"}, timeout_s=2)
+            reported = [s.prefill_pending_tokens for s in seen["engine_stats"]]  # type: ignore[attr-defined]
+        await client.wait_terminals(1)
+    assert pending == count_tokens(prompt)
+    assert pending in reported  # the worker's EngineStats said so while it lasted
+    assert worker.prefill_pending_tokens == 0
 
 
 @pytest.mark.parametrize("worker", [{"batch_limit": 8, "sim_time_scale": 2.0}], indirect=True)

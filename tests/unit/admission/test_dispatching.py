@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from schemas import BreakerLevel, BreakerState, DegradationLevel, Evidence, Priority
 from services.admission.bucket import DEFAULT_TIERS
-from services.admission.capacity import FleetCapacity
+from services.admission.capacity import NO_COST, Cost, FleetCapacity
 from services.admission.dispatching import pick, take_oldest
 from services.admission.policy import AdmissionPolicy, PolicyConfig
 from services.admission.scheduler import PriorityScheduler
@@ -32,6 +32,7 @@ _seq = itertools.count(1)
 class Item:
     name: str
     since: float
+    cost: Cost = NO_COST
 
 
 Queues = dict[tuple[Priority, str], deque[Item]]
