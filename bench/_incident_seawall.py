@@ -106,10 +106,17 @@ class Harness:
     """``SEAWALL_CONTROLLER_LATENCY_RECOVER_MS``: this fleet's normal P99 is about 1.2 s,
     so DESIGN's 800 ms would keep a tripped breaker open for good; the SLO instead."""
 
+    ttft_slo_ms: float | None = None
+    """``SEAWALL_CONTROLLER_TTFT_SLO_MS``: the batch controller's TTFT target."""
+    itl_slo_ms: float | None = None
+    """``SEAWALL_CONTROLLER_ITL_SLO_MS``: the batch controller's inter-token target."""
+
     def controller_settings(self) -> ControllerSettings:
         return ControllerSettings.model_construct(
             controller_time_scale=self.time_scale,
             controller_latency_recover_ms=self.latency_recover_ms,
+            controller_ttft_slo_ms=self.ttft_slo_ms,
+            controller_itl_slo_ms=self.itl_slo_ms,
         )
 
 

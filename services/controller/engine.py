@@ -145,6 +145,14 @@ def _scaled(t: Threshold, k: float) -> Threshold:
     )
 
 
+def inter_token_ms(event: RequestCompleted) -> float | None:
+    """The request's mean inter-token latency: its decode time over the tokens after
+    the first (``None`` without a first token, or with fewer than two tokens)."""
+    if event.ttft_ms is None or event.completion_tokens < 2:
+        return None
+    return max(0.0, event.latency_ms - event.ttft_ms) / (event.completion_tokens - 1)
+
+
 def scaled_config(
     time_scale: float,
     *,
@@ -159,6 +167,8 @@ def scaled_config(
     host_cpu_breaker: bool = True,
     latency_trip_ms: float = LATENCY_ROW.trip_above,
     latency_recover_ms: float = LATENCY_ROW.recover_below,
+    ttft_slo_ms: float | None = None,
+    itl_slo_ms: float | None = None,
 ) -> EngineConfig:
     """The default policies with every window and hold multiplied by ``time_scale``, and
     the latency row's thresholds as given (DESIGN's 2000/800 ms fit a fleet whose normal
@@ -185,7 +195,11 @@ def scaled_config(
             gpu_temperature_c=_scaled(d.gpu_temperature_c, k),
         ),
         batch=replace(
-            BatchConfig(), sla_ms=batch_sla_ms, min_interval_s=BatchConfig().min_interval_s * k
+            BatchConfig(),
+            sla_ms=batch_sla_ms,
+            ttft_slo_ms=ttft_slo_ms,
+            itl_slo_ms=itl_slo_ms,
+            min_interval_s=BatchConfig().min_interval_s * k,
         ),
         heartbeat=HeartbeatConfig(timeout_s=heartbeat_timeout_s),
         republish_s=republish_s,
@@ -520,7 +534,9 @@ class PoolEngine:
         worker.requests.record(now, event.latency_ms, ok)
         self._requests.record(now, event.latency_ms, ok)
         if worker.batch is not None:
-            decision = worker.batch.observe(now, event.latency_ms)
+            decision = worker.batch.observe(
+                now, event.latency_ms, event.ttft_ms, inter_token_ms(event)
+            )
             if decision is not None:
                 self._issue_batch(worker, decision.evidence, str(decision.previous_state), now)
         for breaker in (worker.breaker, self._breaker):

@@ -33,6 +33,12 @@ class ControllerSettings(CommonSettings):
     """Telemetry older than this when read is skipped (a backlog after downtime must not
     be counted as what happens now)."""
     controller_batch_sla_ms: float = Field(default=1500.0, gt=0, le=600_000)
+    controller_ttft_slo_ms: float | None = Field(default=None, gt=0, le=600_000)
+    """The batch controller shrinks a worker's limit while its time-to-first-token EWMA
+    is above this (``None``: not watched)."""
+    controller_itl_slo_ms: float | None = Field(default=None, gt=0, le=600_000)
+    """... or its inter-token latency EWMA is above this: the step time every running
+    request pays, which a burst of long prompts stretches (``None``: not watched)."""
     controller_latency_trip_ms: float = Field(default=2000.0, gt=0, le=600_000)
     """The breaker's latency row: trips when P99 exceeds this (DESIGN: 2000 ms) ..."""
     controller_latency_recover_ms: float = Field(default=800.0, gt=0, le=600_000)
@@ -73,4 +79,6 @@ class ControllerSettings(CommonSettings):
             host_cpu_breaker=self.controller_host_cpu_breaker,
             latency_trip_ms=self.controller_latency_trip_ms,
             latency_recover_ms=self.controller_latency_recover_ms,
+            ttft_slo_ms=self.controller_ttft_slo_ms,
+            itl_slo_ms=self.controller_itl_slo_ms,
         )

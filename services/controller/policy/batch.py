@@ -13,6 +13,15 @@ sample of the worker:
   EWMA < 0.8 × adjusted SLA → limit × 1.1, rounded up (so 4 grows to 5, not back to 4),
   at most 128 and never above the engine's ``max_num_seqs``; otherwise hold.
 
+The latency of a whole request grows with its output length, so a fleet of long
+answers reads as slow even when every token comes on time, and a burst of long prompts
+that stalls every decode behind its prefill barely moves it. Two per-token signals carry
+that pressure, each an EWMA of the same span against its own SLO (``None``: not used):
+time to first token (``ttft_slo_ms``: the prefill queue) and inter-token latency
+(``itl_slo_ms``: the step time every running request pays, VIP's included). The limit
+shrinks when *any* signal is over its target and grows only when *every* one is under
+``grow_below`` of it; the evidence names the signal that decided.
+
 Nothing changes before 30 samples (the seed's rolling(30) is undefined until then), nor
 within ``min_interval_s`` of the previous change, so the limit does not chase noise
 and each change has time to show its effect. Factors are applied as exact fractions
@@ -33,6 +42,8 @@ from services.controller.policy.decision import Decision, DecisionKind, Evidence
 class BatchConfig:
     sla_ms: float = 1500.0
     """The fleet's P99 target (DESIGN, "The incident to beat")."""
+    ttft_slo_ms: float | None = None
+    itl_slo_ms: float | None = None
     ewma_span: int = 50
     volatility_samples: int = 30
     shrink_factor: float = 0.7
@@ -46,6 +57,8 @@ class BatchConfig:
     def __post_init__(self) -> None:
         if self.sla_ms <= 0:
             raise ValueError("sla_ms must be > 0")
+        if any(v is not None and v <= 0 for v in (self.ttft_slo_ms, self.itl_slo_ms)):
+            raise ValueError("ttft_slo_ms and itl_slo_ms must be > 0 (or None)")
         if self.ewma_span < 1 or self.volatility_samples < 2:
             raise ValueError("need ewma_span >= 1 and volatility_samples >= 2")
         if not (0 < self.shrink_factor < 1 < self.grow_factor):
@@ -67,6 +80,23 @@ def _sample_std(values: list[float]) -> float:
 
 def _exact(factor: float) -> Fraction:
     return Fraction(factor).limit_denominator(10_000)
+
+
+class _Ewma:
+    """pandas' adjusted EWMA (``adjust=True``): unbiased from the first sample."""
+
+    def __init__(self, alpha: float) -> None:
+        self._decay = 1.0 - alpha
+        self._weighted_sum = 0.0
+        self._weight = 0.0
+
+    def add(self, value: float) -> None:
+        self._weighted_sum = value + self._decay * self._weighted_sum
+        self._weight = 1.0 + self._decay * self._weight
+
+    @property
+    def value(self) -> float | None:
+        return self._weighted_sum / self._weight if self._weight else None
 
 
 class AdaptiveBatchLimit:
@@ -92,9 +122,13 @@ class AdaptiveBatchLimit:
         self.floor = min(self.config.floor, self.cap)
         start = self.cap if initial_limit is None else initial_limit
         self._limit = max(self.floor, min(self.cap, start))
-        self._alpha = 2.0 / (self.config.ewma_span + 1)
-        self._weighted_sum = 0.0
-        self._weight = 0.0
+        alpha = 2.0 / (self.config.ewma_span + 1)
+        self._latency = _Ewma(alpha)
+        self._token_signals = {
+            name: _Ewma(alpha)
+            for name, slo in (("ttft", self.config.ttft_slo_ms), ("itl", self.config.itl_slo_ms))
+            if slo is not None
+        }
         self._recent: deque[tuple[float, float]] = deque(maxlen=self.config.volatility_samples)
         self._changed_at = -math.inf
         self._shrink = _exact(self.config.shrink_factor)
@@ -106,37 +140,73 @@ class AdaptiveBatchLimit:
 
     @property
     def ewma_ms(self) -> float | None:
-        return self._weighted_sum / self._weight if self._weight else None
+        return self._latency.value
 
-    def observe(self, now: float, latency_ms: float) -> Decision[int] | None:
-        if not math.isfinite(latency_ms) or latency_ms < 0:
-            raise ValueError(f"latency_ms must be finite and >= 0, got {latency_ms}")
-        decay = 1.0 - self._alpha
-        self._weighted_sum = latency_ms + decay * self._weighted_sum
-        self._weight = 1.0 + decay * self._weight
+    def observe(
+        self,
+        now: float,
+        latency_ms: float,
+        ttft_ms: float | None = None,
+        itl_ms: float | None = None,
+    ) -> Decision[int] | None:
+        """One completed request: its latency, and where known its time to first token
+        and mean inter-token latency."""
+        for name, value in (("latency_ms", latency_ms), ("ttft_ms", ttft_ms), ("itl_ms", itl_ms)):
+            if value is not None and (not math.isfinite(value) or value < 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {value}")
+        self._latency.add(latency_ms)
         self._recent.append((now, latency_ms))
+        for name, value in (("ttft", ttft_ms), ("itl", itl_ms)):
+            signal = self._token_signals.get(name)
+            if signal is not None and value is not None:
+                signal.add(value)
         cfg = self.config
         if (
             len(self._recent) < cfg.volatility_samples
             or now - self._changed_at < cfg.min_interval_s
         ):
             return None
-        ewma = self._weighted_sum / self._weight
+        ewma = self._latency.value
+        assert ewma is not None  # a sample was just added
         std = _sample_std([latency for _, latency in self._recent])
         volatility = std / ewma if ewma else 0.0
         adjusted_sla = cfg.sla_ms * (1.0 + volatility)
-        grow_below = cfg.grow_below * adjusted_sla
-        if ewma > adjusted_sla:
+        # (signal, its EWMA, its target, how the target reads in the evidence)
+        signals = [("latency", ewma, adjusted_sla, "adjusted_sla_ms")]
+        for name, slo in (("ttft", cfg.ttft_slo_ms), ("itl", cfg.itl_slo_ms)):
+            value = self._token_signals[name].value if name in self._token_signals else None
+            if slo is not None and value is not None:
+                signals.append((name, value, slo, f"{name}_slo_ms"))
+        over = [sig for sig in signals if sig[1] > sig[2]]
+        if over:
+            name, value, limit, limit_name = max(over, key=lambda sig: sig[1] / sig[2])
             new = max(self.floor, math.floor(self._limit * self._shrink))
-            limit_name, limit, sign = "adjusted_sla_ms", adjusted_sla, ">"
-        elif ewma < grow_below:
+            sign = ">"
+        elif all(sig[1] < cfg.grow_below * sig[2] for sig in signals):
+            name, value, target, target_name = max(signals, key=lambda sig: sig[1] / sig[2])
+            limit, limit_name = cfg.grow_below * target, f"grow_below_{target_name}"
             new = min(self.cap, math.ceil(self._limit * self._grow))
-            limit_name, limit, sign = "grow_below_ms", grow_below, "<"
+            sign = "<"
         else:
             return None
         if new == self._limit:
             return None
         previous, self._limit, self._changed_at = self._limit, new, now
+        metrics = {
+            "latency_ewma_ms": ewma,
+            "latency_std_ms": std,
+            "volatility": volatility,
+            "samples": float(len(self._recent)),
+        }
+        thresholds = {
+            "sla_ms": cfg.sla_ms,
+            "floor": float(self.floor),
+            "cap": float(self.cap),
+            limit_name: limit,
+        }
+        for sig_name, sig_value, target, target_name in signals[1:]:
+            metrics[f"{sig_name}_ewma_ms"] = sig_value
+            thresholds[target_name] = target
         return Decision(
             scope=self.scope,
             kind=DecisionKind.BATCH_LIMIT,
@@ -145,22 +215,12 @@ class AdaptiveBatchLimit:
             new_state=new,
             evidence=Evidence(
                 reason=(
-                    f"latency EWMA {ewma:.4g}ms {sign} {limit_name} {limit:.4g}ms "
+                    f"{name} EWMA {value:.4g}ms {sign} {limit_name} {limit:.4g}ms "
                     f"(SLA {cfg.sla_ms:g}ms x sensitivity {1.0 + volatility:.3g}): "
                     f"limit {previous} -> {new}"
                 ),
                 window_s=now - self._recent[0][0],
-                metrics={
-                    "latency_ewma_ms": ewma,
-                    "latency_std_ms": std,
-                    "volatility": volatility,
-                    "samples": float(len(self._recent)),
-                },
-                thresholds={
-                    limit_name: limit,
-                    "sla_ms": cfg.sla_ms,
-                    "floor": float(self.floor),
-                    "cap": float(self.cap),
-                },
+                metrics=metrics,
+                thresholds=thresholds,
             ),
         )

@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas import Priority, RequestCompleted, Tier
+from services.controller.engine import inter_token_ms
 from services.controller.policy.batch import AdaptiveBatchLimit, BatchConfig
 from services.controller.policy.decision import Decision, DecisionKind
 
@@ -224,3 +226,73 @@ def test_grows_to_the_cap_while_healthy(initial: int, max_num_seqs: int, seed: i
     decisions = run(controller, [rng.uniform(0.0, 0.5 * SLA) for _ in range(100)])
     assert all(d.new_state > d.previous_state for d in decisions)
     assert controller.limit == min(128, max_num_seqs)
+
+
+# -- the per-token signals ---------------------------------------------------------
+
+TOKENS = BatchConfig(sla_ms=SLA, min_interval_s=0.0, ttft_slo_ms=200.0, itl_slo_ms=50.0)
+
+
+def run_tokens(
+    controller: AdaptiveBatchLimit, samples: Iterable[tuple[float, float | None, float | None]]
+) -> list[Decision[int]]:
+    decisions = []
+    for i, (latency, ttft, itl) in enumerate(samples):
+        decision = controller.observe(float(i), latency, ttft, itl)
+        if decision is not None:
+            decisions.append(decision)
+    return decisions
+
+
+@pytest.mark.parametrize(
+    ("ttft", "itl", "signal"),
+    [(100.0, 120.0, "itl"), (900.0, 20.0, "ttft"), (900.0, 120.0, "ttft")],
+)
+def test_a_token_signal_over_its_slo_shrinks_though_the_latency_is_fine(
+    ttft: float, itl: float, signal: str
+) -> None:
+    controller = AdaptiveBatchLimit("worker:w1", 512, TOKENS, initial_limit=64)
+    (first, *_) = run_tokens(controller, [(0.5 * SLA, ttft, itl)] * 30)
+    assert first.new_state == 44
+    assert first.evidence.reason.startswith(f"{signal} EWMA")  # the worst, by its SLO
+    assert first.evidence.metrics[f"{signal}_ewma_ms"] == pytest.approx(
+        ttft if signal == "ttft" else itl
+    )
+    assert first.evidence.thresholds[f"{signal}_slo_ms"] in (200.0, 50.0)
+
+
+def test_it_grows_only_while_every_signal_is_under_its_target() -> None:
+    # Latency and TTFT well under, ITL at 0.9 of its SLO: hold.
+    controller = AdaptiveBatchLimit("worker:w1", 512, TOKENS, initial_limit=32)
+    assert run_tokens(controller, [(0.5 * SLA, 50.0, 45.0)] * 60) == []
+    # All three under 0.8 of their targets: grow.
+    decisions = run_tokens(controller, [(0.5 * SLA, 50.0, 30.0)] * 60)
+    assert decisions[0].new_state == 36
+
+
+def test_requests_without_token_figures_leave_the_token_signals_alone() -> None:
+    """A static reply or a one-token answer has no ITL; an error may have no TTFT."""
+    controller = AdaptiveBatchLimit("worker:w1", 512, TOKENS, initial_limit=64)
+    assert run_tokens(controller, [(0.5 * SLA, None, None)] * 30)[0].new_state == 71
+
+
+def test_inter_token_latency_of_a_completed_request() -> None:
+    def done(ttft: float | None, latency: float, tokens: int) -> RequestCompleted:
+        return RequestCompleted(
+            worker_id="w1",
+            pool="main",
+            request_id="r1",
+            tenant="t",
+            priority=Priority.VIP,
+            tier=Tier.ENTERPRISE,
+            queue_wait_ms=0.0,
+            ttft_ms=ttft,
+            latency_ms=latency,
+            prompt_tokens=10,
+            completion_tokens=tokens,
+            at=1.0,
+        )
+
+    assert inter_token_ms(done(100.0, 1_100.0, 11)) == 100.0
+    assert inter_token_ms(done(100.0, 100.0, 1)) is None
+    assert inter_token_ms(done(None, 500.0, 5)) is None
