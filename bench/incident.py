@@ -36,22 +36,17 @@ import multiprocessing as mp
 import os
 import platform
 import time
+from pathlib import Path
 from typing import Any
 
 from _common import fmt, output_dir, ratio
 from _incident_des import run_uncontrolled
+from _incident_levels import LEVELS, run_level, saturation
 from _incident_report import control_summary, per_window, plot, ratios
 from _incident_scenario import CLASSES, Scenario, arrivals, sample, tier_configs
 from _incident_seawall import Harness, SeawallRun
 
-from services.workers.engine.sim_core import SimConfig, SimCore, run_open_loop
-
-
-def saturation(config: SimConfig, requests: list[tuple[int, int]]) -> float:
-    """Requests per second one engine sustains on this mix (all queued at once)."""
-    records = run_open_loop(SimCore(config), [(0.0, p, o) for p, o in requests])
-    finished = [r.finish_time for r in records if r.finish_time is not None]
-    return len(finished) / max(finished)
+from services.workers.engine.sim_core import SimCore
 
 
 def load(s: Scenario) -> dict[str, float]:
@@ -130,6 +125,61 @@ def growth(result: dict[str, Any], steady: dict[str, Any]) -> dict[str, float | 
     return {c: ratio(result["burst"][c]["p99_s"], steady[c]["p99_s"]) for c in result["burst"]}
 
 
+def percent(share: float | None) -> float | None:
+    return None if share is None else 100 * share
+
+
+def print_levels(levels: list[dict[str, Any]]) -> None:
+    print("\noffered load levels (burst window; (a) uncontrolled, (b) seawall):")
+    print(
+        f"{'level':<34}{'load':>6}{'VIP p99/steady (a)':>20}{'(b)':>7}{'goodput (b)/(a)':>17}"
+        f"{'smooth (b)/(a)':>16}{'VIP SLO (b)':>13}{'basic Jain (b)':>16}"
+    )
+    for lv in levels:
+        v = lv["vip_p99_over_steady"]
+        print(
+            f"{lv['name']:<34}{lv['offered_load_vs_capacity']:>5.2f}x"
+            f"{fmt(v['uncontrolled'], '.2f'):>19}x{fmt(v['seawall'], '.2f'):>6}x"
+            f"{fmt(lv['goodput_ratio'], '.2f'):>16}x{fmt(lv['smooth_goodput_ratio'], '.2f'):>15}x"
+            f"{fmt(percent(lv['vip_slo_attainment']), '.1f'):>12}%"
+            f"{fmt(lv['basic_jain_index'], '.3f'):>16}"
+        )
+
+
+def plot_levels(levels: list[dict[str, Any]], path: Path, slo_s: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [lv["name"] for lv in levels]
+    x = range(len(levels))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for offset, run in ((-0.2, "uncontrolled"), (0.2, "seawall")):
+        left.bar(
+            [i + offset for i in x],
+            [lv["vip_p99_over_steady"][run] or 0 for lv in levels],
+            width=0.4,
+            label=f"({'a' if run == 'uncontrolled' else 'b'}) {run}",
+        )
+        right.bar(
+            [i + offset for i in x],
+            [lv["goodput_per_s"][run] for lv in levels],
+            width=0.4,
+            label=f"({'a' if run == 'uncontrolled' else 'b'}) {run}",
+        )
+    left.axhline(1.2, color="black", linestyle="--", linewidth=1, label="goal 1.2x")
+    left.set_ylabel("VIP P99 in the burst / VIP P99 steady")
+    right.set_ylabel(f"goodput: answers within {slo_s:g} s per second")
+    for ax in (left, right):
+        ax.set_xticks(list(x), names, rotation=15, ha="right", fontsize=8)
+        ax.legend(fontsize=8)
+    fig.suptitle("Seed incident at several offered loads (virtual time)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run (about a third)")
@@ -173,6 +223,7 @@ def main() -> int:
     seawall, trace = SeawallRun(scenario, traffic, harness).run()
     fleet_load = load(scenario)
     sturdiness = None if args.quick else uncontrolled_growth(scenario)
+    levels = [run_level(scenario, harness, level) for level in LEVELS]
     elapsed = time.monotonic() - started
 
     a, b = per_window(scenario, uncontrolled), per_window(scenario, seawall)
@@ -229,6 +280,7 @@ def main() -> int:
         f" admission backlog: {control['max_backlog']}; answers after their client gave up:"
         f" {control['late_answers']}"
     )
+    print_levels(levels)
     print(f"{elapsed:.0f}s in all")
 
     doc = document(scenario, harness, traffic_len=len(traffic), fleet_load=fleet_load)
@@ -240,6 +292,7 @@ def main() -> int:
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
+        levels=levels,
         results={"uncontrolled": a, "seawall": b},
         ratios_seawall_over_uncontrolled=by_ratio,
         burst_p99_over_steady_p99={
@@ -273,7 +326,8 @@ def main() -> int:
         out_dir / "incident.png",
         title,
     )
-    print(f"wrote {out_dir / 'incident.json'} and {out_dir / 'incident.png'}")
+    plot_levels(levels, out_dir / "incident_levels.png", scenario.slo_s)
+    print(f"wrote {out_dir / 'incident.json'}, {out_dir / 'incident.png'} and incident_levels.png")
     return 0
 
 

@@ -91,8 +91,9 @@ class CapacityConfig:
     kv_backoff: float = 0.7
     kv_scale_min: float = 0.3
     kv_scale_max: float = 1.5
-    vip_reserve: float = 0.1
-    """The share of every budget only VIP requests may use."""
+    vip_reserve: float = 0.0
+    """The share of every budget only VIP requests may use (off by default: see
+    ``AdmissionSettings.vip_reserve``)."""
 
     def __post_init__(self) -> None:
         if self.worker_timeout_s <= 0 or self.ledger_ttl_s <= 0 or self.slack < 0:

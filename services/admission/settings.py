@@ -116,9 +116,12 @@ class AdmissionSettings(CommonSettings):
     pacing_kv_fill: float = Field(default=0.9, gt=0, le=1)
     """The share of a worker's KV cache that reservations (prompt + ``max_tokens``) may
     fill, corrected up or down by its reported usage and preemptions."""
-    vip_reserve: float = Field(default=0.1, ge=0, lt=1)
+    vip_reserve: float = Field(default=0.0, ge=0, lt=1)
     """The share of every pool's batch slots, KV and prefill budget only VIP requests
-    may use."""
+    may use. Off by default because it measured no better: in ``bench/incident.py`` at
+    3x capacity a reserve of 0.1 left VIP P99 where it was (2.57x steady against
+    2.60x) and cost 27% of the goodput; VIP latency there is the engines' step time,
+    which a reserve of admission budget does not shorten (``bench/README.md``)."""
 
     max_buffered_per_class: int = Field(default=1000, ge=1, le=1_000_000)
     """Decided requests held per priority class awaiting dispatch; above it the class's

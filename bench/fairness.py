@@ -1,0 +1,218 @@
+"""Does a VIP tenant keep its latency when many basic tenants use their whole quota
+beside it? On the deployed path (issue 14): ``seawall up`` (its processes, the embedded
+broker, the local Redis, simulated engines), driven through the SDK as a user would.
+
+1. *Alone*: one enterprise tenant sends ``--vip-rate`` requests per second, open loop,
+   for ``--duration`` seconds; nobody else sends anything.
+2. *Loaded*: the same, while ``--basic`` basic tenants each run ``--loops`` closed loops
+   (a request, its answer, the next request) at their quota: the SDK retries what their
+   quota refuses after the ``Retry-After`` it is given, so each keeps its bucket empty.
+
+The baseline is phase 1 of the same run, on the same stack. Figures: the VIP's latency
+percentiles in both phases (terminal reply, not streamed, 16 tokens) and their ratio
+(the goal: P99 loaded / alone at most 1.2), the VIP's failures, and what the basic
+tenants got (answers per second, refusals seen by the SDK).
+
+Writes ``results/fairness.json`` (``vip_p99_alone_ms``, ``vip_p99_loaded_ms``,
+``vip_p99_loaded_over_alone`` and the details) and ``results/fairness.png``.
+``--quick``: a shorter run, into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import machine, output_dir, ratio, summary
+
+# `seawall up` and the call helpers come from the test support package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from schemas import InferenceReply, ReplyStatus
+from seawall.client import SeawallClient
+from tests.chaos import Outcome, timed_calls
+from tests.stack import Stack, launch
+
+MAX_TOKENS = 16
+
+
+def latencies_ms(results: list[Outcome]) -> list[float]:
+    return [
+        1000 * t
+        for t, r in results
+        if isinstance(r, InferenceReply) and r.status in (ReplyStatus.OK, ReplyStatus.DEGRADED)
+    ]
+
+
+def failures(results: list[Outcome]) -> int:
+    return sum(
+        1
+        for _, r in results
+        if not isinstance(r, InferenceReply)
+        or r.status not in (ReplyStatus.OK, ReplyStatus.DEGRADED)
+    )
+
+
+async def closed_loop(
+    client: SeawallClient, name: str, stop: asyncio.Event, tally: dict[str, int]
+) -> None:
+    i = 0
+    while not stop.is_set():
+        i += 1
+        try:
+            reply = await client.complete(
+                f"basic question {name}-{i}", max_tokens=MAX_TOKENS, timeout_s=60
+            )
+        except Exception:
+            tally["errors"] += 1
+            continue
+        tally[reply.status.value] = tally.get(reply.status.value, 0) + 1
+
+
+async def phase(
+    stack: Stack, vip: SeawallClient, args: argparse.Namespace, loaded: bool, tag: str
+) -> dict[str, Any]:
+    stop = asyncio.Event()
+    tally: dict[str, int] = {"errors": 0}
+    clients: list[SeawallClient] = []
+    loops: list[asyncio.Task[None]] = []
+    if loaded:
+        for b in range(args.basic):
+            key = stack.key(f"fair-basic-{tag}-{b}", "basic")["key"]
+            client = SeawallClient(api_key=key, settings=stack.settings)
+            await client.start()
+            clients.append(client)
+            for j in range(args.loops):
+                loops.append(asyncio.create_task(closed_loop(client, f"{b}.{j}", stop, tally)))
+        await asyncio.sleep(args.warmup)  # the basic tenants reach their quota first
+    started = time.monotonic()
+    n = int(args.vip_rate * args.duration)
+    results = await timed_calls(vip, n, args.vip_rate, f"vip-{tag}", MAX_TOKENS)
+    elapsed = time.monotonic() - started
+    stop.set()
+    for task in loops:
+        task.cancel()
+    for task in loops:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    for client in clients:
+        await client.stop()
+    lat = summary(latencies_ms(results))
+    return {
+        "vip_requests": n,
+        "vip_failures": failures(results),
+        "vip_latency_ms": lat,
+        "basic_replies_by_status": {k: v for k, v in tally.items() if v},
+        "basic_ok_per_s": tally.get("ok", 0) / elapsed if loaded else 0.0,
+        "seconds": elapsed,
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--vip-rate", type=float, default=2.0)
+    parser.add_argument("--basic", type=int, default=12, help="basic tenants")
+    parser.add_argument("--loops", type=int, default=4, help="closed loops per basic tenant")
+    parser.add_argument("--warmup", type=float, default=10.0)
+    parser.add_argument(
+        "--redis", default=os.environ.get("SEAWALL_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.duration, args.warmup = 20.0, 5.0
+    out = output_dir("fairness", args.quick)
+    load_before = os.getloadavg()
+    with (
+        tempfile.TemporaryDirectory(prefix="seawall-fairness-") as tmp,
+        launch(Path(tmp), args.redis) as stack,
+    ):
+        vip = SeawallClient(
+            api_key=stack.key("fair-vip", "enterprise")["key"], settings=stack.settings
+        )
+        await vip.start()
+        try:
+            alone = await phase(stack, vip, args, loaded=False, tag="alone")
+            loaded = await phase(stack, vip, args, loaded=True, tag="loaded")
+        finally:
+            await vip.stop()
+    p99_alone = alone["vip_latency_ms"]["p99"]
+    p99_loaded = loaded["vip_latency_ms"]["p99"]
+    doc = {
+        "benchmark": "fairness",
+        "path": (
+            "seawall up: ingress, admission, workers (simulated engines), controller; "
+            "embedded broker, local Redis; SDK clients"
+        ),
+        "settings": vars(args),
+        "vip_p99_alone_ms": p99_alone,
+        "vip_p99_loaded_ms": p99_loaded,
+        "vip_p99_loaded_over_alone": ratio(p99_loaded, p99_alone),
+        "vip_p50_loaded_over_alone": ratio(
+            loaded["vip_latency_ms"]["p50"], alone["vip_latency_ms"]["p50"]
+        ),
+        "goal": "vip_p99_loaded_over_alone <= 1.2",
+        "alone": alone,
+        "loaded": loaded,
+        "machine": machine(load_before),
+    }
+    (out / "fairness.json").write_text(json.dumps(doc, indent=2) + "\n")
+    plot(doc, out / "fairness.png")
+    print(
+        json.dumps(
+            {
+                k: doc[k]
+                for k in (
+                    "vip_p99_alone_ms",
+                    "vip_p99_loaded_ms",
+                    "vip_p99_loaded_over_alone",
+                    "vip_p50_loaded_over_alone",
+                )
+            },
+            indent=2,
+        )
+    )
+    basic = loaded["basic_replies_by_status"]
+    print(f"basic tenants: {basic}, {loaded['basic_ok_per_s']:.1f} answers/s")
+    print(f"wrote {out / 'fairness.json'} and {out / 'fairness.png'}")
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    marks = ("p50", "p99", "max")
+    for offset, name in ((-0.2, "alone"), (0.2, "loaded")):
+        lat = doc[name]["vip_latency_ms"]
+        ax.bar(
+            [i + offset for i in range(len(marks))],
+            [lat[m] or 0 for m in marks],
+            width=0.4,
+            label=f"VIP {name}",
+        )
+    ax.set_xticks(range(len(marks)), marks)
+    ax.set_ylabel("VIP latency, ms (terminal reply)")
+    ax.set_title(
+        f"VIP alone vs beside {doc['settings']['basic']} basic tenants at quota:"
+        f" p99 x{doc['vip_p99_loaded_over_alone'] or float('nan'):.2f}"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
