@@ -61,7 +61,7 @@ from schemas import (
 )
 from services.admission.bucket import BucketState, Dimension, adjust, decide
 from services.admission.capacity import Cost, FleetCapacity
-from services.admission.dispatching import pick
+from services.admission.dispatching import SCAVENGER, Lane, pick
 from services.admission.policy import (
     Accepted,
     AdmissionPolicy,
@@ -153,6 +153,10 @@ class _Waiting:
     @property
     def cost(self) -> Cost:
         return self.accepted.cost
+
+    @property
+    def lane(self) -> Lane:
+        return SCAVENGER if self.accepted.scavenger else self.accepted.cls
 
 
 def summarize(event: ControlEvent) -> str:
@@ -283,7 +287,7 @@ class SeawallRun:
         self.capacity = FleetCapacity()
         self.schedulers = {pool: PriorityScheduler() for pool in POOLS}
         self.control = ControlState(self.clock)
-        self.queues: defaultdict[tuple[Priority, str], deque[_Waiting]] = defaultdict(deque)
+        self.queues: defaultdict[tuple[Lane, str], deque[_Waiting]] = defaultdict(deque)
         self.unread: dict[Priority, deque[InferenceRequest]] = {c: deque() for c in CLASSES}
         self.buffered: Counter[Priority] = Counter()
         self.buckets: dict[str, dict[Dimension, BucketState]] = {}
@@ -405,7 +409,7 @@ class SeawallRun:
         w = _Waiting(request, arrival, cls, judged, self.clock.monotonic())
         if judged.reserved_tokens > 0:
             self.reserved[request.request_id] = judged.reserved_tokens
-        self.queues[(judged.cls, judged.pool)].append(w)
+        self.queues[(w.lane, judged.pool)].append(w)
         self.buffered[cls] += 1
 
     # -- admission: dispatch -------------------------------------------------------------
@@ -420,11 +424,14 @@ class SeawallRun:
         if now - self._last_sweep >= SWEEP_INTERVAL_S:
             self._last_sweep = now
             self._release(self._take_expired())
-        picked, _ = pick(
+        chosen = pick(
             self.queues, POOLS, self.policy, self.control, self.capacity, self.schedulers, now
         )
-        self._unbuffer(picked)
-        self._release(picked)
+        self._unbuffer(chosen.picked)
+        self._unbuffer(chosen.shed)
+        for w in chosen.shed:
+            self._reply(w.request, self.policy.shed(w.request, w.accepted, self.clock.time()).reply)
+        self._release(chosen.picked)
         self._read()
 
     def _take_expired(self) -> list[_Waiting]:

@@ -24,6 +24,9 @@ class ReasonCode(StrEnum):
     NONE = "none"
     QUOTA_EXCEEDED = "quota_exceeded"
     QUOTA_DEGRADED = "quota_degraded"
+    SCAVENGED = "scavenged"
+    """Over its tenant's quota, and served anyway from capacity nobody else wanted at
+    the time (admission's scavenger class); the quota itself was not charged."""
     REGION_THROTTLED = "region_throttled"
     BREAKER_OPEN = "breaker_open"
     OVERLOADED = "overloaded"

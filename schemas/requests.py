@@ -133,6 +133,8 @@ class Degradation(Wire):
     """Level 3: answer with the canned reply, no GPU time."""
     quota_degraded: bool = False
     """A pro tenant above its baseline rate: admitted, served at lower priority."""
+    scavenged: bool = False
+    """Over its tenant's quota, served from idle capacity (admission's scavenger class)."""
 
 
 class DispatchedRequest(Message):

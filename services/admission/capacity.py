@@ -182,15 +182,17 @@ class RoundBudget:
         self._view = view
         self._reserve = vip_reserve
         self._slots_free = view.free if max_requests is None else min(view.free, max_requests)
-        self._reserved_slots = math.floor(view.slots * vip_reserve)
         self._kv = view.kv_in_pool
         self._prefill = view.prefill_in_pool
 
-    def fits(self, cost: Cost, vip: bool) -> bool:
-        keep = 0.0 if vip else self._reserve
-        if self._slots_free - (0 if vip else self._reserved_slots) < 1:
-            return False
+    def fits(self, cost: Cost, vip: bool, headroom: float = 0.0) -> bool:
+        """Whether ``cost`` fits now: VIP into the whole budget; anything else leaving
+        the VIP reserve free, or ``headroom`` of every budget if that is larger (what
+        the scavenger lane leaves for the work that may arrive next)."""
+        keep = 0.0 if vip else max(self._reserve, headroom)
         v = self._view
+        if self._slots_free - math.floor(v.slots * keep) < 1:
+            return False
         if v.kv_limited and not _within(self._kv, cost.kv_tokens, v.kv_budget * (1 - keep)):
             return False
         limit = v.prefill_budget * (1 - keep)

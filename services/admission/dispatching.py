@@ -11,15 +11,26 @@ fits the budget now (slots, KV and prefill tokens, the VIP reserve for VIP alone
 that request goes. A class whose head does not fit yields its turn to one whose head
 does (work-conserving) without letting a smaller request of its own jump the queue.
 
-The round takes the picked requests out of their queues and advances the schedulers'
-counters; releasing them (``AdmissionPolicy.release``) is the caller's next step.
+The scavenger lane (over-quota work of the tiers that allow it, keyed
+``(SCAVENGER, requested pool)``) is never diverted and comes last: once every class's
+work for the pool is dispatched, its requests take what the budget still holds, oldest
+first, leaving ``scavenger_headroom`` of every budget free for the work that may come
+next (a dispatched request cannot be taken back). It is shed — taken out to be
+answered ``quota_exceeded`` (``policy.shed``) — as soon as the pool is tight: a class's
+work still waits after the round, the breaker paces or refuses the pool, the ladder
+degrades it; and a request that waited ``scavenger_wait_s`` is shed anyway.
+
+The round takes the picked and shed requests out of their queues and advances the
+schedulers' counters; releasing the picked (``AdmissionPolicy.release``) and answering
+the shed is the caller's next step.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
-from typing import Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Final, Generic, Literal, Protocol, TypeVar
 
 from schemas import Priority
 from services.admission.capacity import Cost, FleetCapacity, PoolView, RoundBudget
@@ -40,6 +51,20 @@ class Waiting(Protocol):
 
 W = TypeVar("W", bound=Waiting)
 
+SCAVENGER: Final = "scavenger"
+Lane = Priority | Literal["scavenger"]
+"""Where a waiting request queues: its class, or the scavenger lane."""
+
+
+@dataclass
+class Round(Generic[W]):
+    picked: list[W] = field(default_factory=list)
+    """To release, in order."""
+    shed: list[W] = field(default_factory=list)
+    """Scavenger-lane requests to answer ``quota_exceeded``."""
+    views: dict[str, PoolView] = field(default_factory=dict)
+    """Each pool's capacity as the round saw it."""
+
 
 def _oldest(dqs: list[deque[W]]) -> deque[W] | None:
     return min((d for d in dqs if d), key=lambda d: d[0].since, default=None)
@@ -57,35 +82,57 @@ def take_oldest(dqs: list[deque[W]], n: int) -> list[W]:
 
 
 def pick(
-    queues: Mapping[tuple[Priority, str], deque[W]],
+    queues: Mapping[tuple[Lane, str], deque[W]],
     pools: Iterable[str],
     policy: AdmissionPolicy,
     control: ControlState,
     capacity: FleetCapacity,
     schedulers: Mapping[str, PriorityScheduler],
     now: float,
-) -> tuple[list[W], dict[str, PoolView]]:
-    """The requests to release now, and each pool's capacity as the round saw it."""
+) -> Round[W]:
+    """The requests to release now and to shed, and each pool's capacity."""
     feeding: dict[str, dict[Priority, list[deque[W]]]] = defaultdict(dict)
-    for (cls, pool), dq in queues.items():
-        if dq:
-            dest = policy.destination(pool, cls, control)
-            feeding[dest].setdefault(cls, []).append(dq)
-    picked: list[W] = []
-    views: dict[str, PoolView] = {}
+    scavengers: dict[str, list[deque[W]]] = defaultdict(list)
+    for (lane, pool), dq in queues.items():
+        if not dq:
+            continue
+        if lane == SCAVENGER:
+            scavengers[pool].append(dq)
+        else:
+            dest = policy.destination(pool, lane, control)
+            feeding[dest].setdefault(lane, []).append(dq)
+    out: Round[W] = Round()
     for pool in pools:
         gate = policy.gate(pool, control)
         view, budget = capacity.budget(pool, now, gate.factor, gate.probes_left)
-        views[pool] = view
-        classes = feeding.get(pool)
-        if not classes:
-            continue
+        out.views[pool] = view
+        classes = feeding.get(pool, {})
+        spare = scavengers.get(pool, [])
         if gate.refuse:
             for dqs in classes.values():
-                picked += take_oldest(dqs, sum(len(dq) for dq in dqs))
+                out.picked += take_oldest(dqs, sum(len(dq) for dq in dqs))
+        else:
+            out.picked += _fill(classes, budget, schedulers[pool], now)
+        tight = (
+            gate.refuse
+            or gate.factor < 1.0
+            or gate.probes_left is not None
+            or policy.destination(pool, Priority.BULK, control) != pool
+            or any(dq for dqs in classes.values() for dq in dqs)
+        )
+        if tight:
+            out.shed += take_oldest(spare, sum(len(dq) for dq in spare))
             continue
-        picked += _fill(classes, budget, schedulers[pool], now)
-    return picked, views
+        waited = policy.config.scavenger_wait_s
+        while (head := _oldest(spare)) is not None:
+            if now - head[0].since >= waited:
+                out.shed.append(head.popleft())
+            elif budget.fits(head[0].cost, vip=False, headroom=policy.config.scavenger_headroom):
+                budget.take(head[0].cost)
+                out.picked.append(head.popleft())
+            else:
+                break
+    return out
 
 
 def _fill(

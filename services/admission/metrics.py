@@ -15,7 +15,8 @@ DISPATCHES = Counter(
 )
 BACKLOG = Gauge(
     "seawall_admission_backlog_requests",
-    "Accepted requests waiting for a dispatch slot, by the class they wait in",
+    "Accepted requests waiting for a dispatch slot, by the class they wait in (or the "
+    "scavenger lane: over-quota requests waiting for idle capacity)",
     ["priority"],
 )
 POOL_FREE = Gauge(

@@ -11,10 +11,12 @@ A request meets the policy three times:
    the tenant's bucket (tier config, quota override applied; tokens reserved as prompt
    + ``max_tokens``) and, for a throttled region, the region's bucket (charged in the
    same atomic step: a refused tenant charges no region, and the reverse).
-2. ``judge`` with the quota decisions: over quota → rejected with the rate-limit figures;
-   otherwise accepted into its class's backlog. A pro request paid from its burst level
-   is *quota-degraded*: admitted, but it waits, and is routed, as the class below its
-   own (standard → bulk).
+2. ``judge`` with the quota decisions: over quota → rejected with the rate-limit figures
+   (strict tiers), or — for the tiers in ``scavenger_tiers`` — accepted into the
+   *scavenger lane*, uncharged, keeping the refusal it was spared; otherwise accepted
+   into its class's backlog. A pro request paid from its burst level is
+   *quota-degraded*: admitted, but it waits, and is routed, as the class below its own
+   (standard → bulk).
 3. ``release`` when the scheduler picks it for dispatch, with the control state in force
    then: cancelled (the client's abort marker, checked at this last moment; status
    ``rejected``, reason ``cancelled``) or expired while waiting → terminal reply, and
@@ -26,6 +28,14 @@ Decision table (control state read per pool: the ``pool:<name>`` scope, else ``f
 Tiers: basic — strict bucket, over quota → rejected (``quota_exceeded``); pro —
 within baseline admitted, from the burst level admitted quota-degraded, beyond →
 rejected; enterprise — its own bucket, always dispatched to ``enterprise_pool``.
+
+Work-conserving quotas (the scavenger lane): quotas protect the fleet and the other
+tenants, not idle GPUs. An over-quota request of a scavenger tier waits in the lane of
+its pool; a dispatch round serves it only from capacity left after every class's work
+(``dispatching.pick``), and sheds it — the ``quota_exceeded`` reply with the rate-limit
+figures of its refusal (``shed``) — as soon as other work waits for the pool, the pool is
+paced or degraded, or ``scavenger_wait_s`` passes. Served, its reply says ``scavenged``
+(HTTP 200, ``X-Seawall-Degraded: scavenged``); its tokens were never charged.
 Redis unreachable (``quota.on_redis_down``): enterprise admitted, pro admitted
 quota-degraded, basic rejected (``quota_unavailable``, ``Retry-After``).
 
@@ -120,6 +130,14 @@ class PolicyConfig:
     rate_limit_factor: float = 0.5
     breaker_retry_after_s: float = 5.0
     quota_retry_after_s: float = 1.0
+    scavenger_tiers: frozenset[Tier] = frozenset()
+    """Tiers whose over-quota requests wait in the scavenger lane for idle capacity
+    instead of being refused at once; the others are strict (the default: all)."""
+    scavenger_wait_s: float = 2.0
+    """How long an over-quota request may wait for idle capacity before it is refused."""
+    scavenger_headroom: float = 0.2
+    """The share of every budget the scavenger lane leaves free, for the work that may
+    arrive before its requests finish (it cannot be taken back once dispatched)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +169,13 @@ class Accepted:
     """Tokens charged to the tenant's bucket, to correct at completion (0: none)."""
     cost: Cost = NO_COST
     """What it will occupy on a worker (the pacing rule's units)."""
+    refusal: RateLimitInfo | None = None
+    """Set for an over-quota request in the scavenger lane: the refusal it was spared,
+    which it gets after all if no idle capacity comes in time (its 429 headers)."""
+
+    @property
+    def scavenger(self) -> bool:
+        return self.refusal is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,6 +483,16 @@ class AdmissionPolicy:
                 now,
                 region.rate_limit_info() or retry_only(region.retry_after_s),
             )
+        over_quota = tenant.reason not in ("quota_unavailable", "cost_exceeds_capacity")
+        if not tenant.allowed and over_quota and request.tier in self.config.scavenger_tiers:
+            return Accepted(
+                screened.pool,
+                Priority.BULK,
+                False,
+                0.0,  # nothing was charged: the bucket refused it
+                Cost(screened.prompt_tokens, request.sampling.max_tokens),
+                tenant.rate_limit_info() or retry_only(tenant.retry_after_s),
+            )
         if not tenant.allowed:
             if tenant.reason == "quota_unavailable":
                 reason, message = ReasonCode.QUOTA_UNAVAILABLE, "quota store unavailable"
@@ -500,14 +535,30 @@ class AdmissionPolicy:
             self._spend_probe(dest, control)
         if accepted.quota_degraded:
             degradation = degradation.model_copy(update={"quota_degraded": True})
+        if accepted.scavenger:
+            degradation = degradation.model_copy(update={"scavenged": True})
         if rung:
             reason = _RUNG_REASONS[rung]
+        elif accepted.scavenger:
+            reason = ReasonCode.SCAVENGED
         else:
             reason = ReasonCode.QUOTA_DEGRADED if accepted.quota_degraded else ReasonCode.NONE
         dispatch = DispatchedRequest(
             request=request, pool=dest, degradation=degradation, admitted_at=now
         )
         return Admit(dispatch, reason)
+
+    def shed(self, request: InferenceRequest, accepted: Accepted, now: float) -> Reply:
+        """An over-quota request no idle capacity came for (or the pool tightened): the
+        quota refusal it was spared, with the rate-limit figures of that moment."""
+        return terminal(
+            request,
+            ReplyStatus.REJECTED,
+            ReasonCode.QUOTA_EXCEEDED,
+            "quota exceeded, and no idle capacity to serve it beyond the quota",
+            now,
+            accepted.refusal or retry_only(self.config.quota_retry_after_s),
+        )
 
     # -- shared ---------------------------------------------------------------------
     @staticmethod

@@ -70,7 +70,7 @@ from schemas import (
 )
 from services.admission import metrics as m
 from services.admission.capacity import CapacityConfig, Cost, FleetCapacity
-from services.admission.dispatching import pick
+from services.admission.dispatching import SCAVENGER, Lane, Round, pick
 from services.admission.policy import (
     Accepted,
     AdmissionPolicy,
@@ -137,6 +137,10 @@ class _Waiting:
     @property
     def cost(self) -> Cost:
         return self.accepted.cost
+
+    @property
+    def lane(self) -> Lane:
+        return SCAVENGER if self.accepted.scavenger else self.accepted.cls
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -212,6 +216,9 @@ class Admission(Component):
                 rate_limit_factor=settings.rate_limit_factor,
                 breaker_retry_after_s=settings.breaker_retry_after_s,
                 quota_retry_after_s=settings.quota_retry_after_s,
+                scavenger_tiers=settings.scavenger_tiers,
+                scavenger_wait_s=settings.scavenger_wait_s,
+                scavenger_headroom=settings.scavenger_headroom,
             )
         )
         self.capacity = FleetCapacity(
@@ -226,7 +233,7 @@ class Admission(Component):
         )
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self._schedulers = {pool: PriorityScheduler() for pool in settings.pools}
-        self._queues: defaultdict[tuple[Priority, str], deque[_Waiting]] = defaultdict(deque)
+        self._queues: defaultdict[tuple[Lane, str], deque[_Waiting]] = defaultdict(deque)
         self._buffered: Counter[Priority] = Counter()
         self._class_of = {self.topics.requests(p): p for p in Priority}
         self._producer = make_producer(settings)
@@ -477,7 +484,7 @@ class Admission(Component):
             w for w in accepted if w.accepted.reserved_tokens > 0 and not w.replayed
         )
         for w in accepted:
-            self._queues[(w.accepted.cls, w.accepted.pool)].append(w)
+            self._queues[(w.lane, w.accepted.pool)].append(w)
             self._buffered[w.source] += 1
         self.wake()
 
@@ -548,9 +555,21 @@ class Admission(Component):
         if now - self._last_sweep >= SWEEP_INTERVAL_S:
             self._last_sweep = now
             ok = await self._release(self._take_expired(self.clock.time()))
-        ok = await self._release(self._pick(now)) and ok
+        chosen = self._pick(now)
+        for w in chosen.shed:
+            self._reply(
+                w.tp,
+                w.offset,
+                w.request,
+                w.source,
+                self.policy.shed(w.request, w.accepted, self.clock.time()),
+            )
+        ok = await self._release(chosen.picked) and ok
         for cls in Priority:
             m.BACKLOG.labels(cls.value).set(self.backlog(cls))
+        m.BACKLOG.labels(SCAVENGER).set(
+            sum(len(dq) for (lane, _), dq in self._queues.items() if lane == SCAVENGER)
+        )
         return ok
 
     def _take_expired(self, now: float) -> list[_Waiting]:
@@ -568,11 +587,11 @@ class Admission(Component):
         self._unbuffer(removed)
         return removed
 
-    def _pick(self, now: float) -> list[_Waiting]:
-        """The requests to release now (``dispatching.pick``): per destination pool, its
-        free slots shared by the scheduler; every request of a pool whose breaker
-        refuses (to be answered)."""
-        picked, views = pick(
+    def _pick(self, now: float) -> Round[_Waiting]:
+        """The requests to release now (``dispatching.pick``): per destination pool,
+        what its budget holds shared by the scheduler; every request of a pool whose
+        breaker refuses (to be answered); the scavenger lane's to serve or shed."""
+        chosen = pick(
             self._queues,
             self.settings.pools,
             self.policy,
@@ -581,15 +600,16 @@ class Admission(Component):
             self._schedulers,
             now,
         )
-        for pool, view in views.items():
+        for pool, view in chosen.views.items():
             m.POOL_FREE.labels(pool).set(view.free)
             m.POOL_SLOTS.labels(pool).set(view.slots)
             m.POOL_TOKENS.labels(pool, "kv", "budget").set(view.kv_budget)
             m.POOL_TOKENS.labels(pool, "kv", "in_pool").set(view.kv_in_pool)
             m.POOL_TOKENS.labels(pool, "prefill", "budget").set(view.prefill_budget)
             m.POOL_TOKENS.labels(pool, "prefill", "in_pool").set(view.prefill_in_pool)
-        self._unbuffer(picked)
-        return picked
+        self._unbuffer(chosen.picked)
+        self._unbuffer(chosen.shed)
+        return chosen
 
     def _unbuffer(self, taken: Iterable[_Waiting]) -> None:
         for w in taken:
@@ -598,7 +618,7 @@ class Admission(Component):
     def _requeue(self, waiting: list[_Waiting]) -> None:
         """Put requests the broker did not take back at the head of their backlogs."""
         for w in reversed(waiting):
-            self._queues[(w.accepted.cls, w.accepted.pool)].appendleft(w)
+            self._queues[(w.lane, w.accepted.pool)].appendleft(w)
             self._buffered[w.source] += 1
 
     async def _release(self, picked: list[_Waiting]) -> bool:

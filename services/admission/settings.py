@@ -93,6 +93,19 @@ class AdmissionSettings(CommonSettings):
     small_pool: str = Field(default="small", pattern=r"^[A-Za-z0-9._-]+$")
     enterprise_pool: str = Field(default="main", pattern=r"^[A-Za-z0-9._-]+$")
     max_tokens_cap: int = Field(default=512, ge=1, le=32_768)
+    scavenger_tiers: frozenset[Tier] = frozenset()
+    """Work-conserving quotas: these tiers' over-quota requests wait for idle capacity
+    (served ``scavenged``, shed ``quota_exceeded`` as soon as other work needs the
+    pool) instead of being refused at once (JSON list, e.g.
+    ``SEAWALL_SCAVENGER_TIERS='["basic", "pro"]'``). Empty by default — strict mode, the
+    quotas as hard limits — because it measured worse: in ``bench/incident.py`` the
+    extra work served lengthened every engine step and lowered goodput at every load
+    (``bench/README.md``)."""
+    scavenger_wait_s: float = Field(default=2.0, gt=0, le=3600)
+    """How long an over-quota request may wait for idle capacity before it is refused."""
+    scavenger_headroom: float = Field(default=0.2, ge=0, lt=1)
+    """The share of each pool's budgets over-quota work leaves free for the work that
+    may arrive while it runs."""
     """Degradation level 2, when the controller's event carries no cap: requests asking
     for more than this many output tokens (the *long* ones) are truncated to it; shorter
     ones are left alone (capping them would change nothing)."""

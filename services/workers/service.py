@@ -130,6 +130,8 @@ def degraded_reason(d: DispatchedRequest) -> ReasonCode:
         return ReasonCode.DEGRADED_TRUNCATED
     if g.diverted_from is not None:
         return ReasonCode.DEGRADED_SMALL_MODEL
+    if g.scavenged:
+        return ReasonCode.SCAVENGED
     if g.quota_degraded:
         return ReasonCode.QUOTA_DEGRADED
     return ReasonCode.NONE

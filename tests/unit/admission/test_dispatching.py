@@ -76,7 +76,7 @@ def control(
 def run(qs: Queues, cap: FleetCapacity, ctl: ControlState) -> list[str]:
     policy = AdmissionPolicy(PolicyConfig(tiers=DEFAULT_TIERS, pools=POOLS))
     schedulers = {pool: PriorityScheduler() for pool in POOLS}
-    picked, _ = pick(qs, POOLS, policy, ctl, cap, schedulers, now=0.0)
+    picked = pick(qs, POOLS, policy, ctl, cap, schedulers, now=0.0).picked
     return [item.name for item in picked]
 
 
@@ -94,7 +94,8 @@ def test_each_pool_is_paced_by_its_own_capacity_and_reported_with_or_without_wor
     policy = AdmissionPolicy(PolicyConfig(tiers=DEFAULT_TIERS, pools=(*POOLS, "idle")))
     schedulers = {pool: PriorityScheduler() for pool in (*POOLS, "idle")}
     cap = fleet(small=8, idle=4)  # main has no live worker: its work waits
-    picked, views = pick(qs, (*POOLS, "idle"), policy, control(), cap, schedulers, now=0.0)
+    chosen = pick(qs, (*POOLS, "idle"), policy, control(), cap, schedulers, now=0.0)
+    picked, views = chosen.picked, chosen.views
     assert [i.name for i in picked] == ["standard/small/0", "standard/small/1", "standard/small/2"]
     assert {p: (v.slots, v.free) for p, v in views.items()} == {
         "main": (0, 0),

@@ -3,6 +3,7 @@ rung, region throttle, quota override, deadline and the Redis-down policy per ti
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Any, Literal
@@ -21,12 +22,14 @@ from schemas import (
     InferenceRequest,
     Priority,
     QuotaOverride,
+    RateLimitInfo,
     ReasonCode,
     RegionThrottle,
     ReplyStatus,
     Tier,
 )
 from services.admission.bucket import BucketState, Limit, TierConfig, decide
+from services.admission.capacity import Cost
 from services.admission.policy import (
     Accepted,
     AdmissionPolicy,
@@ -51,6 +54,7 @@ TIERS = {
 }
 CONFIG = PolicyConfig(
     tiers=TIERS,
+    scavenger_tiers=frozenset({Tier.BASIC, Tier.PRO}),
     pools=("main", "small", "vip"),
     small_pool="small",
     enterprise_pool="vip",
@@ -331,11 +335,11 @@ TIER_CASES = [
     # tier, earlier requests, verdict, reason, class it waits in
     (Tier.BASIC, 0, "accepted", None, Priority.BULK),
     (Tier.BASIC, 1, "accepted", None, Priority.BULK),
-    (Tier.BASIC, 2, "rejected", ReasonCode.QUOTA_EXCEEDED, None),
+    (Tier.BASIC, 2, "scavenger", None, Priority.BULK),  # over quota: waits for idle room
     (Tier.PRO, 1, "accepted", None, Priority.STANDARD),
     (Tier.PRO, 2, "degraded", None, Priority.BULK),  # the burst level: one class lower
     (Tier.PRO, 3, "degraded", None, Priority.BULK),
-    (Tier.PRO, 4, "rejected", ReasonCode.QUOTA_EXCEEDED, None),
+    (Tier.PRO, 4, "scavenger", None, Priority.BULK),
     (Tier.ENTERPRISE, 49, "accepted", None, Priority.VIP),
     (Tier.ENTERPRISE, 50, "rejected", ReasonCode.QUOTA_EXCEEDED, None),
 ]
@@ -353,16 +357,53 @@ def test_tier_behaviour(
     if verdict == "rejected":
         assert reply_of(got) == (ReplyStatus.REJECTED, reason)
         assert isinstance(got, Reply)
-        info = got.reply.rate_limit
-        assert info is not None
-        assert info.limit == math.floor(TIERS[tier].requests.total)
-        assert info.remaining == 0
-        assert info.retry_after_s >= 1
+        assert_refusal_figures(got.reply.rate_limit, tier)
         return
     assert isinstance(got, Accepted)
     assert got.cls is cls
     assert got.quota_degraded == (verdict == "degraded")
-    assert got.reserved_tokens == screened.tenant.tokens
+    assert got.scavenger == (verdict == "scavenger")
+    if got.scavenger:
+        assert got.reserved_tokens == 0  # the bucket refused it: nothing was charged
+        assert_refusal_figures(got.refusal, tier)  # kept for the 429 if it is shed
+        assert got.cost == Cost(screened.prompt_tokens, req.sampling.max_tokens)
+    else:
+        assert got.reserved_tokens == screened.tenant.tokens
+
+
+def assert_refusal_figures(info: RateLimitInfo | None, tier: Tier) -> None:
+    assert info is not None
+    assert info.limit == math.floor(TIERS[tier].requests.total)
+    assert info.remaining == 0
+    assert info.retry_after_s >= 1
+
+
+@pytest.mark.parametrize(("tier", "spent"), [(Tier.BASIC, 2), (Tier.PRO, 4)])
+def test_strict_mode_refuses_over_quota_at_once(tier: Tier, spent: int) -> None:
+    strict = AdmissionPolicy(dataclasses.replace(CONFIG, scavenger_tiers=frozenset()))
+    req = request(tier=tier)
+    screened = strict.screen(req, _CLASS[tier], control(), NOW)
+    assert isinstance(screened, Screened)
+    got = strict.judge(req, _CLASS[tier], screened, NOW, quota_after(tier, spent))
+    assert reply_of(got) == (ReplyStatus.REJECTED, ReasonCode.QUOTA_EXCEEDED)
+    assert isinstance(got, Reply)
+    assert_refusal_figures(got.reply.rate_limit, tier)
+
+
+def test_a_scavenger_is_served_scavenged_or_shed_with_its_refusal() -> None:
+    p = policy()
+    req = request(tier=Tier.BASIC)
+    screened = p.screen(req, Priority.BULK, control(), NOW)
+    assert isinstance(screened, Screened)
+    got = p.judge(req, Priority.BULK, screened, NOW, quota_after(Tier.BASIC, 2))
+    assert isinstance(got, Accepted)
+    admit = p.release(req, got.cls, got, control(), NOW)
+    assert isinstance(admit, Admit)
+    assert admit.reason is ReasonCode.SCAVENGED
+    assert admit.dispatch.degradation.scavenged
+    shed = p.shed(req, got, NOW + 1)
+    assert reply_of(shed) == (ReplyStatus.REJECTED, ReasonCode.QUOTA_EXCEEDED)
+    assert shed.reply.rate_limit == got.refusal  # the figures of its refusal, truthfully
 
 
 def test_a_request_that_can_never_fit_is_rejected_without_retry_after() -> None:

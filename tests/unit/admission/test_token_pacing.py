@@ -181,7 +181,7 @@ def run_round(
             dq.append(Item(f"{cls.value}{len(dq)}", t, cost))
     policy = AdmissionPolicy(PolicyConfig(tiers=DEFAULT_TIERS, pools=("main",)))
     control = ControlState(ManualClock(NOW))
-    picked, _ = pick(qs, ("main",), policy, control, cap, {"main": PriorityScheduler()}, 0.0)
+    picked = pick(qs, ("main",), policy, control, cap, {"main": PriorityScheduler()}, 0.0).picked
     return picked, qs
 
 
