@@ -87,6 +87,7 @@ class VirtualEngine:
         self._first: dict[str, float] = {}
         self._prefill: dict[str, int] = {}
         """Prompt tokens of the requests with no first token yet."""
+        self.prefilled_tokens_total = 0
 
     @property
     def in_flight(self) -> int:
@@ -126,7 +127,7 @@ class VirtualEngine:
         for request_id in result.first_token:
             if request_id in tokens:
                 self._first[request_id] = now
-                self._prefill.pop(request_id, None)
+                self.prefilled_tokens_total += self._prefill.pop(request_id, 0)
         for request_id, reason in result.finished.items():
             if request_id in tokens:
                 self._prefill.pop(request_id, None)

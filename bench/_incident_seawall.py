@@ -7,8 +7,9 @@ the other benchmarks measure):
 - Kafka: each hop (ingress → admission, admission → a pool's dispatch topic, a reply →
   its client, telemetry → controller and admission, control → admission and workers)
   is a delay of ``bus_delay_s``; nothing is lost or reordered. A pool's dispatch topic
-  has one partition per worker; a record goes to the partition of its session key
-  (aiokafka's default partitioner), whose worker fetches it when its batch limit allows.
+  has one partition per worker (worker ``i`` owns partition ``i`` and says so in its
+  heartbeats); admission places each record on a worker's partition, and that worker
+  fetches it when its batch limit allows.
 - Redis: the quota buckets are ``bucket.decide`` and ``bucket.adjust``, the pure model
   ``bucket.lua`` runs bit for bit, on the virtual clock.
 - faust: one ``PoolEngine`` per pool gets every telemetry record and a ``tick`` every
@@ -32,7 +33,7 @@ do not leak memory) and would stop the run.
 from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final
@@ -60,7 +61,7 @@ from schemas import (
     WorkerHeartbeat,
 )
 from services.admission.bucket import BucketState, Dimension, adjust, decide
-from services.admission.capacity import Cost, FleetCapacity
+from services.admission.capacity import Cost, FleetCapacity, Placement
 from services.admission.dispatching import SCAVENGER, Lane, pick
 from services.admission.policy import (
     Accepted,
@@ -155,6 +156,14 @@ class _Waiting:
         return self.accepted.cost
 
     @property
+    def key(self) -> str:
+        return self.request.partition_key
+
+    @property
+    def session(self) -> str | None:
+        return self.request.session_id
+
+    @property
     def lane(self) -> Lane:
         return SCAVENGER if self.accepted.scavenger else self.accepted.cls
 
@@ -170,9 +179,13 @@ def summarize(event: ControlEvent) -> str:
 
 
 class _Worker:
-    def __init__(self, run: SeawallRun, worker_id: str, pool: str, core: SimCore) -> None:
+    def __init__(
+        self, run: SeawallRun, worker_id: str, pool: str, core: SimCore, index: int
+    ) -> None:
         self.run = run
         self.id = worker_id
+        self.index = index
+        """The partition of its pool's dispatch topic it owns."""
         self.pool = pool
         self.engine = VirtualEngine(run.loop, core, self._done)
         self.batch_limit = min(WORKER.batch_limit, core.config.max_num_seqs)
@@ -254,6 +267,7 @@ class _Worker:
                 batch_limit=self.batch_limit,
                 limits=limits_info(limits),
                 prefill_pending_tokens=self.engine.prefill_pending_tokens,
+                prefilled_tokens_total=self.engine.prefilled_tokens_total,
             )
         )
         run.telemetry(gpu_stats(replace(gpu, simulated=True), self.id, self.pool, common["at"]))
@@ -267,6 +281,7 @@ class _Worker:
                 host_cpu_pct=HOST_CPU_PCT,
                 host_memory_pct=HOST_MEMORY_PCT,
                 started_at=self.started_at,
+                partitions=(self.index,),
             )
         )
 
@@ -309,7 +324,7 @@ class SeawallRun:
             for i in range(n):
                 worker_id = f"{pool}-{i:02d}"
                 core = SimCore(config, seed=i)
-                worker = self.workers[worker_id] = _Worker(self, worker_id, pool, core)
+                worker = self.workers[worker_id] = _Worker(self, worker_id, pool, core, i)
                 self.partitions[pool].append(worker)
 
     # -- the run -----------------------------------------------------------------------
@@ -346,7 +361,6 @@ class SeawallRun:
             reply_to=REPLY_TO,
             created_at=created,
             deadline_at=created + self.scenario.timeout_s,
-            session_id=f"{a.tenant}-s{a.index}",
         )
         self.loop.after(self.scenario.timeout_s, lambda: self._give_up(a))
         self.hop(lambda: self._intake(request))
@@ -431,7 +445,7 @@ class SeawallRun:
         self._unbuffer(chosen.shed)
         for w in chosen.shed:
             self._reply(w.request, self.policy.shed(w.request, w.accepted, self.clock.time()).reply)
-        self._release(chosen.picked)
+        self._release(chosen.picked, chosen.placements)
         self._read()
 
     def _take_expired(self) -> list[_Waiting]:
@@ -448,25 +462,32 @@ class SeawallRun:
         for w in taken:
             self.buffered[w.source] -= 1
 
-    def _release(self, picked: list[_Waiting]) -> None:
+    def _release(self, picked: list[_Waiting], placements: Sequence[Placement | None] = ()) -> None:
         now, mono = self.clock.time(), self.clock.monotonic()
-        for w in picked:
+        for w, placement in zip(picked, list(placements) or [None] * len(picked), strict=True):
             verdict = self.policy.release(w.request, w.accepted.cls, w.accepted, self.control, now)
             if isinstance(verdict, Reply):
                 self._reply(w.request, verdict.reply)
                 self._settle(w.request.request_id, w.request.tenant, w.arrival, 0)
                 continue
             d = verdict.dispatch
+            if placement is not None and placement.pool != d.pool:
+                placement = None
             cost = engine_cost(w.cost, d.degradation)
-            self.capacity.dispatched(d.pool, w.request.request_id, mono, cost)
-            self.hop(partial(self._to_pool, d))
+            worker = None if placement is None else placement.worker_id
+            self.capacity.dispatched(d.pool, w.request.request_id, mono, cost, worker)
+            partition = None if placement is None else placement.partition
+            self.hop(partial(self._to_pool, d, partition))
 
-    def _to_pool(self, d: DispatchedRequest) -> None:
-        """The record lands on its partition (the producer's partitioner on the session
-        key); each worker of the pool owns one partition and fetches from it only."""
+    def _to_pool(self, d: DispatchedRequest, partition: int | None) -> None:
+        """The record lands on its partition: admission's placement, else the
+        producer's partitioner on its key; worker ``i`` of the pool owns partition ``i``
+        and fetches from it only."""
         owners = self.partitions[d.pool]
-        index = list(range(len(owners)))
-        worker = owners[PARTITIONER(d.request.partition_key.encode(), index, index)]
+        if partition is None:
+            index = list(range(len(owners)))
+            partition = PARTITIONER(d.request.partition_key.encode(), index, index)
+        worker = owners[partition]
         worker.partition.append(d)
         worker.fetch()
 

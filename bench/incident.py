@@ -8,7 +8,8 @@ tenants of all three tiers. The same arrivals (same seed) run twice, in one proc
   main pool, which runs up to ``max_num_seqs`` and queues the rest (vLLM's own queue);
   a client that times out disconnects and its request is aborted;
 - (b) seawall with every defence on: tenant quotas, the VIP-floor priority scheduler,
-  dispatch paced to the pools' free batch slots, the breaker matrix, the degradation
+  dispatch paced per worker in the engines' units and placed by admission, the
+  engines' priority policy, the breaker matrix, the degradation
   ladder (small pool, truncation, canned replies), the adaptive batch limit, deadlines.
 
 Both run on virtual time (``_incident_des``): the engines are the calibrated simulator
@@ -352,9 +353,10 @@ def document(
                 "aborted"
             ),
             "seawall": (
-                "(b) quotas per tenant, VIP-floor priority scheduler, dispatch paced to free "
-                "batch slots, breaker matrix, degradation ladder, adaptive batch limit, "
-                "deadlines"
+                "(b) quotas per tenant, VIP-floor priority scheduler, dispatch paced per worker "
+                "in slots, KV and prefill tokens and placed on the worker admission chooses, "
+                "engine priority policy, breaker matrix, degradation ladder, adaptive batch "
+                "limit, deadlines"
             ),
         },
         "latency": (

@@ -76,6 +76,9 @@ class EngineStats(Message):
     prefill_pending_tokens: Count = 0
     """Prompt tokens of the requests the worker runs that have no first token yet: the
     prefill work queued in its engine, which admission paces against."""
+    prefilled_tokens_total: Count = 0
+    """Prompt tokens whose prefill finished (their request's first token came) since
+    the worker started: from two reports admission learns how fast it prefills."""
 
 
 class GpuStats(Message):
@@ -117,6 +120,11 @@ class WorkerHeartbeat(Message):
     host_memory_pct: Percent
     started_at: Timestamp
     at: Timestamp
+    partitions: tuple[Annotated[int, Field(ge=0, le=1_000_000)], ...] = Field(
+        default=(), max_length=4096
+    )
+    """The pool's dispatch partitions the worker owns now (its consumer group's
+    assignment): admission places requests on workers by producing to them."""
 
 
 TelemetryEvent = Annotated[

@@ -48,6 +48,23 @@ increase, multiplicative decrease: a report with new preemptions multiplies it b
 reservations count ``max_tokens`` in full while most requests stop earlier, so a worker
 whose cache stays cool may hold more than its reservations say).
 
+A worker's prefill queue drains between its reports: from two ``EngineStats`` that
+both found a queue, ``prefilled_tokens_total`` gives the rate its engine prefills at
+(an EWMA); the queue it reported, plus the prompts placed on it since, is drained at
+that rate for the time since (``_Worker.prefill_pending``). Without a learned rate
+nothing drains until the next report, so ``prefill_steps`` must cover about one report
+interval of prefill or it throttles below what the engine does.
+
+**Placement** (``RoundBudget.take``): where workers report the dispatch partitions they
+own (``WorkerHeartbeat.partitions``), admission chooses each request's worker and
+produces it to one of that worker's partitions; every budget then holds per worker
+too (``worker_views``). A session's request goes to its session's worker while that
+one has room (affinity only then); otherwise a short request goes to the worker with
+the fewest whole engine steps of prefill queued — each of its tokens waits behind them
+— then the least loaded (``WorkerView.load``: its fullest dimension), and a long prompt
+(``long_prompt_tokens``) to the least loaded. Workers that report no partitions leave
+the record's key to choose.
+
 **VIP reserve** (``RoundBudget``): in every dimension, non-VIP work must leave
 ``vip_reserve`` of the budget free; only VIP requests may use it. A VIP arriving in a
 burst finds room on the engines at once instead of waiting for bulk work to finish.
@@ -65,8 +82,11 @@ smallest their ``EngineStats`` report): what admission checks a request's prompt
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import zlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -91,6 +111,11 @@ class CapacityConfig:
     kv_backoff: float = 0.7
     kv_scale_min: float = 0.3
     kv_scale_max: float = 1.5
+    long_prompt_tokens: int = 1024
+    """Placement: a prompt this long goes where prefill already queues (packed), the
+    rest where it queues least (0: every request to the least loaded worker)."""
+    prefill_rate_alpha: float = 0.3
+    """Weight of the newest sample in a worker's learned prefill rate."""
     vip_reserve: float = 0.0
     """The share of every budget only VIP requests may use (off by default: see
     ``AdmissionSettings.vip_reserve``)."""
@@ -138,6 +163,20 @@ class _Worker:
     """From its latest ``EngineStats``; ``None`` until one says."""
     kv_scale: float = 1.0
     preempted_total: int | None = None
+    partitions: tuple[int, ...] = ()
+    """The pool's dispatch partitions it owns, from its latest heartbeat."""
+    engine_at: float = 0.0
+    """When its latest ``EngineStats`` was read."""
+    prefill_rate: float | None = None
+    """Prompt tokens per second its engine prefills when it has a queue (learned)."""
+
+    def prefill_pending(self, now: float, since_report: int = 0) -> int:
+        """Its prefill queue now: reported, plus ``since_report`` tokens placed on it
+        since, drained at its learned rate for the time since the report."""
+        if self.engine is None:
+            return since_report
+        drained = (self.prefill_rate or 0.0) * max(0.0, now - self.engine_at)
+        return max(0, math.ceil(self.engine.prefill_pending_tokens + since_report - drained))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +188,14 @@ class Engine:
     kv_cache_usage: float = 0.0
     prefill_pending_tokens: int = 0
     preempted_total: int = 0
+    prefilled_tokens_total: int = 0
 
 
 @dataclass(slots=True)
 class _Pool:
-    ledger: OrderedDict[str, tuple[float, Cost]] = field(default_factory=OrderedDict)
-    """Request id → when this instance dispatched it and its cost, oldest first."""
+    ledger: OrderedDict[str, tuple[float, Cost, str | None]] = field(default_factory=OrderedDict)
+    """Request id → when this instance dispatched it, its cost and the worker it was
+    placed on (``None``: by key), oldest first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,34 +215,161 @@ class PoolView:
     prefill_limited: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker's figures (the pool's rule, per worker), where workers report the
+    dispatch partitions they own and admission places each request on one of them."""
+
+    worker_id: str
+    partitions: tuple[int, ...]
+    slots: int
+    in_pool: int
+    kv_budget: int
+    kv_in_pool: int
+    prefill_budget: int
+    prefill_in_pool: int
+    step_tokens: int = 0
+    """Its engine's ``max_num_batched_tokens`` (0: not reported)."""
+
+    @property
+    def load(self) -> float:
+        """How full it is, the fullest dimension first: what placement balances."""
+        shares = [self.in_pool / self.slots if self.slots else 1.0]
+        if self.kv_budget:
+            shares.append(self.kv_in_pool / self.kv_budget)
+        if self.prefill_budget:
+            shares.append(self.prefill_in_pool / self.prefill_budget)
+        return max(shares) + sum(shares) / 1000  # ties go to the emptier overall
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request goes: a worker of a pool, and the partition of its it is
+    produced to."""
+
+    pool: str
+    worker_id: str
+    partition: int
+
+
+class _Room:
+    """A worker's budget in a round."""
+
+    def __init__(self, view: WorkerView, slack: int) -> None:
+        self.view = view
+        self.slack = slack
+        self.in_pool = view.in_pool
+        self.kv = view.kv_in_pool
+        self.prefill = view.prefill_in_pool
+
+    def fits(self, cost: Cost, keep: float) -> bool:
+        v = self.view
+        if self.in_pool + 1 > v.slots + self.slack - math.floor(v.slots * keep):
+            return False
+        if v.kv_budget and not _within(self.kv, cost.kv_tokens, v.kv_budget * (1 - keep)):
+            return False
+        budget = v.prefill_budget * (1 - keep)
+        return not v.prefill_budget or _within(self.prefill, cost.prompt_tokens, budget)
+
+    def take(self, cost: Cost) -> None:
+        self.in_pool += 1
+        self.kv += cost.kv_tokens
+        self.prefill += cost.prompt_tokens
+
+    @property
+    def prefill_steps(self) -> int:
+        """Whole engine steps of prefill queued on it: what a short request waits for."""
+        step = self.view.step_tokens
+        return self.prefill // step if step else 0
+
+    @property
+    def load(self) -> float:
+        return dataclasses.replace(
+            self.view, in_pool=self.in_pool, kv_in_pool=self.kv, prefill_in_pool=self.prefill
+        ).load
+
+
 class RoundBudget:
     """What one dispatch round may still send to a pool, dimension by dimension, with
-    the VIP reserve (see the module docstring). ``take`` each request dispatched."""
+    the VIP reserve (see the module docstring). ``take`` each request dispatched.
 
-    def __init__(self, view: PoolView, vip_reserve: float, max_requests: int | None = None):
+    Where the pool's workers report the partitions they own (``workers``), every
+    request must also fit one worker, and ``take`` places it: on the worker of its
+    session's partition while that one has room (affinity only then), else on the
+    least loaded worker it fits (``WorkerView.load``). Without them, it returns
+    ``None`` and the record's key picks its partition (and worker)."""
+
+    def __init__(
+        self,
+        view: PoolView,
+        vip_reserve: float,
+        max_requests: int | None = None,
+        workers: Sequence[WorkerView] = (),
+        slack: int = 0,
+        pool: str = "",
+        long_prompt: int = 0,
+    ):
+        self._pool = pool
+        self._long_prompt = long_prompt
         self._view = view
         self._reserve = vip_reserve
         self._slots_free = view.free if max_requests is None else min(view.free, max_requests)
         self._kv = view.kv_in_pool
         self._prefill = view.prefill_in_pool
+        self._rooms = [_Room(w, slack) for w in workers if w.partitions]
+        self._owner = {p: room for room in self._rooms for p in room.view.partitions}
+        self._partitions = sorted(self._owner)
+
+    def _keep(self, vip: bool, headroom: float) -> float:
+        return 0.0 if vip else max(self._reserve, headroom)
 
     def fits(self, cost: Cost, vip: bool, headroom: float = 0.0) -> bool:
         """Whether ``cost`` fits now: VIP into the whole budget; anything else leaving
         the VIP reserve free, or ``headroom`` of every budget if that is larger (what
         the scavenger lane leaves for the work that may arrive next)."""
-        keep = 0.0 if vip else max(self._reserve, headroom)
+        keep = self._keep(vip, headroom)
         v = self._view
         if self._slots_free - math.floor(v.slots * keep) < 1:
             return False
         if v.kv_limited and not _within(self._kv, cost.kv_tokens, v.kv_budget * (1 - keep)):
             return False
         limit = v.prefill_budget * (1 - keep)
-        return not v.prefill_limited or _within(self._prefill, cost.prompt_tokens, limit)
+        if v.prefill_limited and not _within(self._prefill, cost.prompt_tokens, limit):
+            return False
+        return not self._rooms or any(room.fits(cost, keep) for room in self._rooms)
 
-    def take(self, cost: Cost) -> None:
+    def take(
+        self,
+        cost: Cost,
+        vip: bool = False,
+        headroom: float = 0.0,
+        key: str = "",
+        session: str | None = None,
+    ) -> Placement | None:
+        """Charge ``cost`` (which ``fits``) and place it: ``key`` is the record's key
+        (spreads it over its worker's partitions), ``session`` its session, if any."""
         self._slots_free -= 1
         self._kv += cost.kv_tokens
         self._prefill += cost.prompt_tokens
+        if not self._rooms:
+            return None
+        keep = self._keep(vip, headroom)
+        room: _Room | None = None
+        home: int | None = None
+        if session is not None:
+            home = self._partitions[zlib.crc32(session.encode()) % len(self._partitions)]
+            room = self._owner[home]
+        if room is None or not room.fits(cost, keep):
+            fitting = [r for r in self._rooms if r.fits(cost, keep)] or self._rooms
+            if self._long_prompt and cost.prompt_tokens >= self._long_prompt:
+                room = min(fitting, key=lambda r: r.load)
+            else:
+                room = min(fitting, key=lambda r: (r.prefill_steps, r.load))
+        room.take(cost)
+        parts = room.view.partitions
+        if home not in parts:
+            home = parts[zlib.crc32(key.encode()) % len(parts)]
+        return Placement(self._pool, room.view.worker_id, home)
 
 
 def _within(used: int, cost: int, budget: float) -> bool:
@@ -235,8 +403,10 @@ class FleetCapacity:
         now: float,
         status: WorkerStatus | None = None,
         engine: Engine | None = None,
+        partitions: tuple[int, ...] | None = None,
     ) -> None:
-        """An ``EngineStats`` (``status=None``, with ``engine``) or a ``WorkerHeartbeat``."""
+        """An ``EngineStats`` (``status=None``, with ``engine``) or a ``WorkerHeartbeat``
+        (with ``status`` and the ``partitions`` it owns)."""
         w = self._workers.get(worker_id)
         if w is None:
             w = self._workers[worker_id] = _Worker(pool, batch_limit, in_flight, now, now)
@@ -245,9 +415,25 @@ class FleetCapacity:
         w.completed_since_report = 0
         if status is not None:
             w.status = status
+        if partitions is not None:
+            w.partitions = partitions
         if engine is not None:
             self._correct_kv(w, engine)
-            w.engine = engine
+            self._learn_prefill_rate(w, engine, now)
+            w.engine, w.engine_at = engine, now
+
+    def _learn_prefill_rate(self, w: _Worker, engine: Engine, now: float) -> None:
+        """An EWMA of the prefill throughput over report intervals that had a queue at
+        both ends (a busy interval measures capacity, an idle one only the load)."""
+        before = w.engine
+        if before is None or now <= w.engine_at:
+            return
+        done = engine.prefilled_tokens_total - before.prefilled_tokens_total
+        if done < 0 or not (before.prefill_pending_tokens and engine.prefill_pending_tokens):
+            return  # a restarted worker, or an interval it was not busy throughout
+        sample = done / (now - w.engine_at)
+        a = self.config.prefill_rate_alpha
+        w.prefill_rate = sample if w.prefill_rate is None else a * sample + (1 - a) * w.prefill_rate
 
     def _correct_kv(self, w: _Worker, engine: Engine) -> None:
         """AIMD on the worker's ``kv_scale`` (module docstring)."""
@@ -272,6 +458,7 @@ class FleetCapacity:
                 kv_cache_usage=event.kv_cache_usage,
                 prefill_pending_tokens=event.prefill_pending_tokens,
                 preempted_total=event.preempted_total,
+                prefilled_tokens_total=event.prefilled_tokens_total,
             )
             self.report(
                 event.worker_id,
@@ -289,6 +476,7 @@ class FleetCapacity:
                 in_flight=event.in_flight,
                 now=now,
                 status=event.status,
+                partitions=event.partitions,
             )
         elif isinstance(event, RequestCompleted):
             self.completed(event.worker_id, event.request_id, now)
@@ -313,10 +501,17 @@ class FleetCapacity:
         else:
             self._shares[worker_id] = share
 
-    def dispatched(self, pool: str, request_id: str, now: float, cost: Cost = NO_COST) -> None:
+    def dispatched(
+        self,
+        pool: str,
+        request_id: str,
+        now: float,
+        cost: Cost = NO_COST,
+        worker: str | None = None,
+    ) -> None:
         ledger = self._pool(pool).ledger
         ledger.pop(request_id, None)  # a re-dispatch counts once, from now
-        ledger[request_id] = (now, cost)
+        ledger[request_id] = (now, cost, worker)
 
     # -- the rule ------------------------------------------------------------------
     def view(self, pool: str, now: float, factor: float = 1.0) -> PoolView:
@@ -329,7 +524,7 @@ class FleetCapacity:
         if not live:
             return PoolView(0, 0, len(ledger), 0)
         slots = kv_budget = prefill_budget = 0
-        reported = reported_kv = reported_prefill = 0
+        reported = reported_kv = 0
         for wid, w in live:
             part = factor * self._shares.get(wid, 1.0)
             slots += max(1, math.floor(w.batch_limit * part))
@@ -339,17 +534,16 @@ class FleetCapacity:
                 kv_budget += math.floor(e.kv_capacity_tokens * c.kv_fill * w.kv_scale * part)
                 prefill_budget += math.floor(e.max_num_batched_tokens * c.prefill_steps * part)
                 reported_kv += math.ceil(e.kv_cache_usage * e.kv_capacity_tokens)
-                reported_prefill += e.prefill_pending_tokens
         oldest_report = min(w.reported_at for _, w in live)
-        unreflected = unreflected_kv = unreflected_prefill = 0
-        for dispatched_at, cost in reversed(ledger.values()):
+        unreflected = unreflected_kv = 0
+        for dispatched_at, cost, _ in reversed(ledger.values()):
             if dispatched_at <= oldest_report:
                 break
             unreflected += 1
             unreflected_kv += cost.kv_tokens
-            unreflected_prefill += cost.prompt_tokens
+        prefill_in_pool = self._prefill_in_pool(live, ledger, now)
         in_pool = max(len(ledger), reported + unreflected)
-        ledger_kv = sum(cost.kv_tokens for _, cost in ledger.values())
+        ledger_kv = sum(cost.kv_tokens for _, cost, _ in ledger.values())
         return PoolView(
             workers=len(live),
             slots=slots,
@@ -358,7 +552,7 @@ class FleetCapacity:
             kv_budget=kv_budget,
             kv_in_pool=max(ledger_kv, reported_kv + unreflected_kv),
             prefill_budget=prefill_budget,
-            prefill_in_pool=reported_prefill + unreflected_prefill,
+            prefill_in_pool=prefill_in_pool,
             kv_limited=kv_budget > 0,
             prefill_limited=prefill_budget > 0,
         )
@@ -366,12 +560,81 @@ class FleetCapacity:
     def free(self, pool: str, now: float, factor: float = 1.0) -> int:
         return self.view(pool, now, factor).free
 
+    @staticmethod
+    def _prefill_in_pool(
+        live: list[tuple[str, _Worker]],
+        ledger: OrderedDict[str, tuple[float, Cost, str | None]],
+        now: float,
+    ) -> int:
+        """Σ each worker's prefill queue (``_Worker.prefill_pending``) with the prompts
+        placed on it since its report, plus the prompts dispatched by key since the
+        oldest report (not drained: where they went is not known)."""
+        engine_at = {wid: w.engine_at for wid, w in live}
+        placed: dict[str, int] = dict.fromkeys(engine_at, 0)
+        by_key = 0
+        oldest = min(engine_at.values())
+        for dispatched_at, cost, wid in ledger.values():
+            if wid is not None and wid in placed:
+                if dispatched_at > engine_at[wid]:
+                    placed[wid] += cost.prompt_tokens
+            elif dispatched_at > oldest:
+                by_key += cost.prompt_tokens
+        return by_key + sum(w.prefill_pending(now, placed[wid]) for wid, w in live)
+
+    def worker_views(self, pool: str, now: float, factor: float = 1.0) -> list[WorkerView]:
+        """Each live worker's figures, the pool's rule applied to it alone: its budgets,
+        and in it the larger of its ledger entries and its report plus the entries
+        placed on it since."""
+        c = self.config
+        live = self._live(pool, now)
+        # per worker: ledger entries and their KV; entries since its report and their
+        # KV; prompt tokens placed since its engine report
+        counted: dict[str, list[int]] = {wid: [0, 0, 0, 0, 0] for wid, _ in live}
+        workers = dict(live)
+        for dispatched_at, cost, placed_on in self._pool(pool).ledger.values():
+            if placed_on is None or placed_on not in counted:
+                continue
+            figures = counted[placed_on]
+            figures[0] += 1
+            figures[1] += cost.kv_tokens
+            if dispatched_at > workers[placed_on].reported_at:  # not in its report yet
+                figures[2] += 1
+                figures[3] += cost.kv_tokens
+            if dispatched_at > workers[placed_on].engine_at:
+                figures[4] += cost.prompt_tokens
+        views = []
+        for wid, w in live:
+            part = factor * self._shares.get(wid, 1.0)
+            n, kv, new, new_kv, new_prefill = counted[wid]
+            e = w.engine or Engine()
+            views.append(
+                WorkerView(
+                    worker_id=wid,
+                    partitions=w.partitions,
+                    slots=max(1, math.floor(w.batch_limit * part)),
+                    in_pool=max(n, max(0, w.in_flight - w.completed_since_report) + new),
+                    kv_budget=math.floor(e.kv_capacity_tokens * c.kv_fill * w.kv_scale * part),
+                    kv_in_pool=max(kv, math.ceil(e.kv_cache_usage * e.kv_capacity_tokens) + new_kv),
+                    prefill_budget=math.floor(e.max_num_batched_tokens * c.prefill_steps * part),
+                    prefill_in_pool=w.prefill_pending(now, new_prefill),
+                    step_tokens=e.max_num_batched_tokens,
+                )
+            )
+        return views
+
     def budget(
         self, pool: str, now: float, factor: float = 1.0, max_requests: int | None = None
     ) -> tuple[PoolView, RoundBudget]:
-        """The pool's view, and the budget of a dispatch round on it."""
+        """The pool's view, and the budget of a dispatch round on it (placing requests
+        on workers where they report their partitions)."""
+        c = self.config
         view = self.view(pool, now, factor)
-        return view, RoundBudget(view, self.config.vip_reserve, max_requests)
+        workers = self.worker_views(pool, now, factor)
+        slack = 1 if c.slack else 0
+        budget = RoundBudget(
+            view, self.config.vip_reserve, max_requests, workers, slack, pool, c.long_prompt_tokens
+        )
+        return view, budget
 
     def model_lens(self, now: float) -> dict[str, int]:
         """Per pool, the ``max_model_len`` every live worker can run (pools whose
@@ -404,9 +667,11 @@ class FleetCapacity:
             if w.pool == pool and w.status in _ABSORBING and self._shares.get(wid, 1.0) > 0
         ]
 
-    def _forget_old(self, ledger: OrderedDict[str, tuple[float, Cost]], now: float) -> None:
+    def _forget_old(
+        self, ledger: OrderedDict[str, tuple[float, Cost, str | None]], now: float
+    ) -> None:
         while ledger:
-            first, _ = next(iter(ledger.values()))
+            first, _, _ = next(iter(ledger.values()))
             if now - first <= self.config.ledger_ttl_s:
                 break
             ledger.popitem(last=False)

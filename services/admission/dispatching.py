@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, Protocol, TypeVar
 
 from schemas import Priority
-from services.admission.capacity import Cost, FleetCapacity, PoolView, RoundBudget
+from services.admission.capacity import Cost, FleetCapacity, Placement, PoolView, RoundBudget
 from services.admission.policy import AdmissionPolicy
 from services.admission.scheduler import ClassLoad, PriorityScheduler
 from services.common.control import ControlState
@@ -48,6 +48,14 @@ class Waiting(Protocol):
     def cost(self) -> Cost:
         """What it will occupy on a worker."""
 
+    @property
+    def key(self) -> str:
+        """Its record key (session or request id): its partition where no placement."""
+
+    @property
+    def session(self) -> str | None:
+        """Its session, which keeps it on its session's worker while that has room."""
+
 
 W = TypeVar("W", bound=Waiting)
 
@@ -60,6 +68,8 @@ Lane = Priority | Literal["scavenger"]
 class Round(Generic[W]):
     picked: list[W] = field(default_factory=list)
     """To release, in order."""
+    placements: list[Placement | None] = field(default_factory=list)
+    """Where each of ``picked`` goes (``None``: by its key; or to be answered)."""
     shed: list[W] = field(default_factory=list)
     """Scavenger-lane requests to answer ``quota_exceeded``."""
     views: dict[str, PoolView] = field(default_factory=dict)
@@ -110,9 +120,11 @@ def pick(
         spare = scavengers.get(pool, [])
         if gate.refuse:
             for dqs in classes.values():
-                out.picked += take_oldest(dqs, sum(len(dq) for dq in dqs))
+                refused = take_oldest(dqs, sum(len(dq) for dq in dqs))
+                out.picked += refused
+                out.placements += [None] * len(refused)
         else:
-            out.picked += _fill(classes, budget, schedulers[pool], now)
+            _fill(classes, budget, schedulers[pool], now, out)
         tight = (
             gate.refuse
             or gate.factor < 1.0
@@ -123,13 +135,14 @@ def pick(
         if tight:
             out.shed += take_oldest(spare, sum(len(dq) for dq in spare))
             continue
-        waited = policy.config.scavenger_wait_s
+        waited, headroom = policy.config.scavenger_wait_s, policy.config.scavenger_headroom
         while (head := _oldest(spare)) is not None:
             if now - head[0].since >= waited:
                 out.shed.append(head.popleft())
-            elif budget.fits(head[0].cost, vip=False, headroom=policy.config.scavenger_headroom):
-                budget.take(head[0].cost)
-                out.picked.append(head.popleft())
+            elif budget.fits(head[0].cost, vip=False, headroom=headroom):
+                w = head.popleft()
+                out.placements.append(budget.take(w.cost, False, headroom, w.key, w.session))
+                out.picked.append(w)
             else:
                 break
     return out
@@ -140,8 +153,8 @@ def _fill(
     budget: RoundBudget,
     scheduler: PriorityScheduler,
     now: float,
-) -> list[W]:
-    picked: list[W] = []
+    out: Round[W],
+) -> None:
     while True:
         heads: dict[Priority, deque[W]] = {}
         loads: dict[Priority, ClassLoad] = {}
@@ -153,7 +166,8 @@ def _fill(
                 loads[cls] = ClassLoad(backlog, now - dq[0].since)
         chosen = scheduler.next(loads)
         if chosen is None:
-            return picked
+            return
         w = heads[chosen].popleft()
-        budget.take(w.cost)
-        picked.append(w)
+        vip = chosen is Priority.VIP
+        out.placements.append(budget.take(w.cost, vip, key=w.key, session=w.session))
+        out.picked.append(w)

@@ -69,7 +69,7 @@ from schemas import (
     Tier,
 )
 from services.admission import metrics as m
-from services.admission.capacity import CapacityConfig, Cost, FleetCapacity
+from services.admission.capacity import CapacityConfig, Cost, FleetCapacity, Placement
 from services.admission.dispatching import SCAVENGER, Lane, Round, pick
 from services.admission.policy import (
     Accepted,
@@ -137,6 +137,14 @@ class _Waiting:
     @property
     def cost(self) -> Cost:
         return self.accepted.cost
+
+    @property
+    def key(self) -> str:
+        return self.request.partition_key
+
+    @property
+    def session(self) -> str | None:
+        return self.request.session_id
 
     @property
     def lane(self) -> Lane:
@@ -564,7 +572,7 @@ class Admission(Component):
                 w.source,
                 self.policy.shed(w.request, w.accepted, self.clock.time()),
             )
-        ok = await self._release(chosen.picked) and ok
+        ok = await self._release(chosen.picked, chosen.placements) and ok
         for cls in Priority:
             m.BACKLOG.labels(cls.value).set(self.backlog(cls))
         m.BACKLOG.labels(SCAVENGER).set(
@@ -621,17 +629,21 @@ class Admission(Component):
             self._queues[(w.lane, w.accepted.pool)].appendleft(w)
             self._buffered[w.source] += 1
 
-    async def _release(self, picked: list[_Waiting]) -> bool:
-        """Answer or dispatch each picked request; ``False`` if the broker was
-        unavailable (what it did not take is back in its backlog)."""
+    async def _release(
+        self, picked: list[_Waiting], placements: Sequence[Placement | None] = ()
+    ) -> bool:
+        """Answer or dispatch each picked request, on the partition of its placement
+        where it has one, else by its key; ``False`` if the broker was unavailable (what
+        it did not take is back in its backlog)."""
         if not picked:
             return True
+        placed = list(placements) or [None] * len(picked)
         cancelled = await self._cancelled([w.request for w in picked])
         now, mono = self.clock.time(), self.clock.monotonic()
         lens = self.capacity.model_lens(mono)
         sends: list[tuple[_Waiting, Admit, asyncio.Future[Any]]] = []
         unsent: list[_Waiting] = []
-        for w, gone in zip(picked, cancelled, strict=True):
+        for w, gone, placement in zip(picked, cancelled, placed, strict=True):
             try:
                 verdict = self.policy.release(
                     w.request, w.accepted.cls, w.accepted, self.control, now, gone, lens
@@ -644,9 +656,14 @@ class Admission(Component):
                 self._refund(w)
                 continue
             d = verdict.dispatch
+            if placement is not None and placement.pool != d.pool:
+                placement = None  # released to another pool than the round placed it on
             try:
                 future = await self._producer.send(
-                    self.topics.dispatch(d.pool), encode(d), key=w.request.partition_key.encode()
+                    self.topics.dispatch(d.pool),
+                    encode(d),
+                    key=w.key.encode(),
+                    partition=placement.partition if placement is not None else None,
                 )
             except Exception as e:
                 if is_infrastructure(e):
@@ -655,7 +672,11 @@ class Admission(Component):
                     self._fail_waiting(w, e)
                 continue
             self.capacity.dispatched(
-                d.pool, w.request.request_id, mono, engine_cost(w.cost, d.degradation)
+                d.pool,
+                w.request.request_id,
+                mono,
+                engine_cost(w.cost, d.degradation),
+                placement.worker_id if placement is not None else None,
             )
             sends.append((w, verdict, future))
         acks = await asyncio.gather(*(f for *_, f in sends), return_exceptions=True)

@@ -29,8 +29,9 @@
   probe, level 3+): it stops fetching, finishes what it has (within the grace period),
   commits and leaves its consumer group, so that its partitions go to the rest of the
   pool; it keeps publishing telemetry, and rejoins when the breaker turns half-open
-  (the probes), closed, or expires. Admission's capacity count alone would not divert
-  the work: records are spread over partitions, not over workers.
+  (the probes), closed, or expires. Admission stops placing work on it at once (its
+  share is 0), but records already on its partitions, or keyed to them, need a new
+  owner: leaving the group gives them one.
 - Its consumer's session timeout is short (``consumer_session_timeout_ms``, 3 s): a SIGKILLed
   worker's partitions move within about 5 s, and its running requests' leases have run
   out by then.
@@ -196,6 +197,8 @@ class Worker(Component):
         self._consumer: AIOKafkaConsumer | None = None
         self._requests: dict[str, asyncio.Task[Any]] = {}
         self._runs: dict[str, _Run] = {}
+        self.prefilled_tokens_total = 0
+        """Prompt tokens whose first token came (``EngineStats.prefilled_tokens_total``)."""
         """Request id → the run of it in hand."""
         self._capacity = asyncio.Condition()
         self._draining = False
@@ -582,6 +585,7 @@ class Worker(Component):
                 now = self.clock.time()
                 if ttft is None and out.new_tokens:
                     ttft = now - started
+                    self.prefilled_tokens_total += run.prefill_tokens
                     run.prefill_tokens = 0
                 parts.append(out.text)
                 completion_tokens = out.completion_tokens
@@ -808,6 +812,7 @@ class Worker(Component):
                 limits=limits_info(snap.limits),
                 at=now,
                 prefill_pending_tokens=self.prefill_pending_tokens,
+                prefilled_tokens_total=self.prefilled_tokens_total,
             )
         )
         for g in self.probe.sample():
@@ -829,5 +834,6 @@ class Worker(Component):
                 host_memory_pct=psutil.virtual_memory().percent,
                 started_at=self.started_at,
                 at=self.clock.time(),
+                partitions=tuple(sorted(tp.partition for tp in self.partitions)),
             )
         )

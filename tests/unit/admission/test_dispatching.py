@@ -33,6 +33,8 @@ class Item:
     name: str
     since: float
     cost: Cost = NO_COST
+    key: str = ""
+    session: str | None = None
 
 
 Queues = dict[tuple[Priority, str], deque[Item]]

@@ -33,6 +33,8 @@ class Item:
     name: str
     since: float
     cost: Cost = SMALL
+    key: str = ""
+    session: str | None = None
 
 
 Queues = dict[tuple[Lane, str], deque[Item]]
