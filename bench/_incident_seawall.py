@@ -157,7 +157,7 @@ class _Waiting:
 
     @property
     def key(self) -> str:
-        return self.request.partition_key
+        return self.request.dispatch_key
 
     @property
     def session(self) -> str | None:
@@ -486,7 +486,7 @@ class SeawallRun:
         owners = self.partitions[d.pool]
         if partition is None:
             index = list(range(len(owners)))
-            partition = PARTITIONER(d.request.partition_key.encode(), index, index)
+            partition = PARTITIONER(d.request.dispatch_key.encode(), index, index)
         worker = owners[partition]
         worker.partition.append(d)
         worker.fetch()

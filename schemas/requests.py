@@ -109,10 +109,17 @@ class InferenceRequest(Message):
 
     @property
     def partition_key(self) -> str:
-        """Session affinity where a session asks for it: the same session lands on the
-        same partition (and worker). Session-less work is keyed by its request id, so it
-        spreads over the pool's partitions: keyed by tenant, a large tenant's whole load
-        would land on one worker while its peers idle."""
+        """The key on the ingress and priority topics: its session, else its tenant (a
+        tenant's records batch together; the backlog drain measured twice as fast as
+        with one key per request)."""
+        return self.session_id or self.tenant
+
+    @property
+    def dispatch_key(self) -> str:
+        """The key on a pool's dispatch topic, whose partition picks its worker where
+        admission does not place it itself: its session (affinity where a session asks
+        for it), else its request id, so that session-less work spreads over the pool —
+        keyed by tenant, a large tenant's whole load would land on one worker."""
         return self.session_id or self.request_id
 
     def expired(self, now: float) -> bool:

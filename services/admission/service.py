@@ -140,7 +140,7 @@ class _Waiting:
 
     @property
     def key(self) -> str:
-        return self.request.partition_key
+        return self.request.dispatch_key
 
     @property
     def session(self) -> str | None:

@@ -133,7 +133,7 @@ async def test_completion_stream_basic_goes_to_bulk_and_streams_chunks(
     call = open_stream(client, "/v1/completions", body, headers)
     ((topic, key, req),) = await downstream.take(1)
     assert topic == topics.requests(Priority.BULK)
-    assert key == req.request_id.encode()  # no session: spread by request id
+    assert key == b"basic-co"  # no session: the tenant
     assert req.stream is True
     assert req.pool == "small"
     assert req.client.region == "ap-east"

@@ -201,7 +201,7 @@ async def test_records_are_classified_from_the_key_not_from_the_record(
     topic, key, pro = got["k-pro"]
     assert topic == topics.requests(Priority.STANDARD)  # not the VIP it claimed
     assert (pro.tenant, pro.tier) == ("pro-co", Tier.PRO)
-    assert key == pro.request_id.encode()  # no session: spread by request id
+    assert key == b"pro-co"
     assert pro.deadline_at == sent[1].deadline_at  # asked for less than the default
     assert pro.client.region == "eu-west"
 

@@ -163,7 +163,7 @@ def test_session_less_requests_of_one_tenant_spread_over_partitions() -> None:
     partitions = list(range(8))
     chosen = {
         DefaultPartitioner()(
-            InferenceRequest.model_validate(_request(request_id=f"r{i}")).partition_key.encode(),
+            InferenceRequest.model_validate(_request(request_id=f"r{i}")).dispatch_key.encode(),
             partitions,
             partitions,
         )
@@ -172,4 +172,7 @@ def test_session_less_requests_of_one_tenant_spread_over_partitions() -> None:
     assert chosen == set(partitions)
     session = InferenceRequest.model_validate(_request(request_id="r1", session_id="chat-7"))
     again = InferenceRequest.model_validate(_request(request_id="r2", session_id="chat-7"))
-    assert session.partition_key == again.partition_key == "chat-7"
+    assert session.dispatch_key == again.dispatch_key == "chat-7"
+    assert session.partition_key == "chat-7"
+    # On the ingress and priority topics a tenant's session-less records share a key.
+    assert InferenceRequest.model_validate(_request()).partition_key == "acme"
