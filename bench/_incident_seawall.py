@@ -61,8 +61,8 @@ from schemas import (
     WorkerHeartbeat,
 )
 from services.admission.bucket import BucketState, Dimension, adjust, decide
-from services.admission.capacity import Cost, FleetCapacity, Placement
-from services.admission.dispatching import SCAVENGER, Lane, pick
+from services.admission.capacity import FleetCapacity, Placement
+from services.admission.dispatching import Lane, Queued, pick
 from services.admission.policy import (
     Accepted,
     AdmissionPolicy,
@@ -144,28 +144,12 @@ class Trace:
 
 
 @dataclass(slots=True, eq=False)
-class _Waiting:
+class _Waiting(Queued):
     request: InferenceRequest
     arrival: Arrival
     source: Priority
     accepted: Accepted
     since: float
-
-    @property
-    def cost(self) -> Cost:
-        return self.accepted.cost
-
-    @property
-    def key(self) -> str:
-        return self.request.dispatch_key
-
-    @property
-    def session(self) -> str | None:
-        return self.request.session_id
-
-    @property
-    def lane(self) -> Lane:
-        return SCAVENGER if self.accepted.scavenger else self.accepted.cls
 
 
 def summarize(event: ControlEvent) -> str:

@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -26,7 +27,7 @@ from schemas import (
     WorkerHeartbeat,
 )
 from schemas.base import Message
-from services.admission.capacity import WorkerStatus
+from services.admission.capacity import NO_COST, Cost, WorkerStatus
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_consumer, make_producer
 from services.common.control import ControlState
@@ -36,6 +37,17 @@ from services.common.settings import CommonSettings
 from services.common.topics import Topics
 
 EVIDENCE = Evidence(reason="test")
+
+
+@dataclass
+class Item:
+    """A waiting request as a dispatch round sees it (``dispatching.Waiting``)."""
+
+    name: str
+    since: float
+    cost: Cost = NO_COST
+    key: str = ""
+    session: str | None = None
 
 
 def admission_settings(settings: CommonSettings, **changes: Any) -> AdmissionSettings:

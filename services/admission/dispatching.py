@@ -32,9 +32,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, Protocol, TypeVar
 
-from schemas import Priority
+from schemas import InferenceRequest, Priority
 from services.admission.capacity import Cost, FleetCapacity, Placement, PoolView, RoundBudget
-from services.admission.policy import AdmissionPolicy
+from services.admission.policy import Accepted, AdmissionPolicy
 from services.admission.scheduler import ClassLoad, PriorityScheduler
 from services.common.control import ControlState
 
@@ -62,6 +62,32 @@ W = TypeVar("W", bound=Waiting)
 SCAVENGER: Final = "scavenger"
 Lane = Priority | Literal["scavenger"]
 """Where a waiting request queues: its class, or the scavenger lane."""
+
+
+class Queued:
+    """What a waiting request shows a dispatch round, from its request and its
+    acceptance (a mixin for the shells' own waiting records, which declare
+    ``request: InferenceRequest`` and ``accepted: Accepted``)."""
+
+    __slots__ = ()
+    request: InferenceRequest
+    accepted: Accepted
+
+    @property
+    def cost(self) -> Cost:
+        return self.accepted.cost
+
+    @property
+    def key(self) -> str:
+        return self.request.dispatch_key
+
+    @property
+    def session(self) -> str | None:
+        return self.request.session_id
+
+    @property
+    def lane(self) -> Lane:
+        return SCAVENGER if self.accepted.scavenger else self.accepted.cls
 
 
 @dataclass

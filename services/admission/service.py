@@ -69,8 +69,8 @@ from schemas import (
     Tier,
 )
 from services.admission import metrics as m
-from services.admission.capacity import CapacityConfig, Cost, FleetCapacity, Placement
-from services.admission.dispatching import SCAVENGER, Lane, Round, pick
+from services.admission.capacity import CapacityConfig, FleetCapacity, Placement
+from services.admission.dispatching import SCAVENGER, Lane, Queued, Round, pick
 from services.admission.policy import (
     Accepted,
     AdmissionPolicy,
@@ -121,7 +121,7 @@ deadline is answered ``expired`` before any charge)."""
 
 
 @dataclass(slots=True)
-class _Waiting:
+class _Waiting(Queued):
     """An accepted request waiting for a dispatch slot."""
 
     tp: TopicPartition
@@ -133,22 +133,6 @@ class _Waiting:
     since: float
     replayed: bool = False
     """Charged by an earlier delivery: nothing is reserved or refunded again."""
-
-    @property
-    def cost(self) -> Cost:
-        return self.accepted.cost
-
-    @property
-    def key(self) -> str:
-        return self.request.dispatch_key
-
-    @property
-    def session(self) -> str | None:
-        return self.request.session_id
-
-    @property
-    def lane(self) -> Lane:
-        return SCAVENGER if self.accepted.scavenger else self.accepted.cls
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

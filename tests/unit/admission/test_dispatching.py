@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass
 from typing import Literal
 
 import pytest
@@ -13,12 +12,13 @@ from hypothesis import strategies as st
 
 from schemas import BreakerLevel, BreakerState, DegradationLevel, Evidence, Priority
 from services.admission.bucket import DEFAULT_TIERS
-from services.admission.capacity import NO_COST, Cost, FleetCapacity
+from services.admission.capacity import FleetCapacity
 from services.admission.dispatching import pick, take_oldest
 from services.admission.policy import AdmissionPolicy, PolicyConfig
 from services.admission.scheduler import PriorityScheduler
 from services.common.clock import ManualClock
 from services.common.control import ControlState
+from tests.admission_helpers import Item
 
 pytestmark = pytest.mark.unit
 
@@ -26,15 +26,6 @@ NOW = 1_800_000_000.0
 POOLS = ("main", "small")
 VIP, STANDARD, BULK = Priority.VIP, Priority.STANDARD, Priority.BULK
 _seq = itertools.count(1)
-
-
-@dataclass
-class Item:
-    name: str
-    since: float
-    cost: Cost = NO_COST
-    key: str = ""
-    session: str | None = None
 
 
 Queues = dict[tuple[Priority, str], deque[Item]]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +17,7 @@ from services.admission.policy import AdmissionPolicy, PolicyConfig
 from services.admission.scheduler import PriorityScheduler
 from services.common.clock import ManualClock
 from services.common.control import ControlState
+from tests.admission_helpers import Item
 
 pytestmark = pytest.mark.unit
 
@@ -26,15 +26,6 @@ WAIT_S = 2.0
 VIP, STANDARD, BULK = Priority.VIP, Priority.STANDARD, Priority.BULK
 SMALL = Cost(100, 50)
 _seq = itertools.count(1)
-
-
-@dataclass
-class Item:
-    name: str
-    since: float
-    cost: Cost = SMALL
-    key: str = ""
-    session: str | None = None
 
 
 Queues = dict[tuple[Lane, str], deque[Item]]
@@ -47,7 +38,7 @@ def queues(*content: tuple[Lane, int, float]) -> Queues:
         dq = out.setdefault((lane, "main"), deque())
         first = len(dq)
         name = lane if isinstance(lane, str) else lane.value
-        dq.extend(Item(f"{name}{first + i}", since + i * 0.001) for i in range(n))
+        dq.extend(Item(f"{name}{first + i}", since + i * 0.001, SMALL) for i in range(n))
     return out
 
 

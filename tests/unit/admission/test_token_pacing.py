@@ -4,7 +4,6 @@ tokens, the KV correction from usage and preemptions, and the VIP reserve."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +17,7 @@ from services.admission.policy import AdmissionPolicy, PolicyConfig
 from services.admission.scheduler import PriorityScheduler
 from services.common.clock import ManualClock
 from services.common.control import ControlState
-from tests.admission_helpers import engine_stats, heartbeat
+from tests.admission_helpers import Item, engine_stats, heartbeat
 
 pytestmark = pytest.mark.unit
 
@@ -162,15 +161,6 @@ def test_a_worker_without_engine_stats_does_not_limit_tokens() -> None:
 # -- a dispatch round ---------------------------------------------------------------
 
 
-@dataclass
-class Item:
-    name: str
-    since: float
-    cost: Cost
-    key: str = ""
-    session: str | None = None
-
-
 def run_round(
     cap: FleetCapacity, content: list[tuple[Priority, Cost, int]]
 ) -> tuple[list[Item], dict[tuple[Priority, str], deque[Item]]]:
@@ -255,31 +245,31 @@ def test_a_round_keeps_every_budget_and_is_work_conserving(
             assert not used.fits(dq[0].cost, cls is VIP)
 
 
+def report(cap: FleetCapacity, now: float, pending: int, done: int) -> None:
+    """``w1``'s EngineStats: its prefill queue and the prompt tokens prefilled so far."""
+    stats = engine_stats(
+        "w1",
+        "main",
+        100,
+        kv_capacity_tokens=10**6,
+        max_num_batched_tokens=1_000,
+        prefill_pending_tokens=pending,
+    )
+    cap.observe(stats.model_copy(update={"prefilled_tokens_total": done}), now=now)
+
+
 def test_a_workers_prefill_rate_is_learned_from_busy_intervals_and_drains_its_queue() -> None:
     cap = fleet(prefill_steps=2)  # 2,000 tokens of prefill budget
 
-    def report(now: float, pending: int, done: int) -> None:
-        cap.observe(
-            engine_stats(
-                "w1",
-                "main",
-                100,
-                kv_capacity_tokens=10**6,
-                max_num_batched_tokens=1_000,
-                prefill_pending_tokens=pending,
-            ).model_copy(update={"prefilled_tokens_total": done}),
-            now=now,
-        )
-
-    report(0.0, 1_800, 0)
+    report(cap, 0.0, 1_800, 0)
     assert cap.view("main", now=0.5).prefill_in_pool == 1_800  # no rate known: no drain
-    report(1.0, 1_600, 4_000)  # busy at both ends: 4,000 tokens/s
+    report(cap, 1.0, 1_600, 4_000)  # busy at both ends: 4,000 tokens/s
     assert cap.view("main", now=1.0).prefill_in_pool == 1_600
     assert cap.view("main", now=1.25).prefill_in_pool == 600  # drained at 4,000/s
     assert cap.view("main", now=2.0).prefill_in_pool == 0
     # An interval that ended idle measures the load, not the engine: not learned.
-    report(2.0, 0, 5_000)
-    report(3.0, 500, 5_100)
+    report(cap, 2.0, 0, 5_000)
+    report(cap, 3.0, 500, 5_100)
     assert cap.view("main", now=3.1).prefill_in_pool == 100  # still 4,000/s
 
 
@@ -288,21 +278,8 @@ def test_prompts_placed_since_the_report_drain_with_the_queue() -> None:
     hb = heartbeat("w1", batch_limit=100)
     cap.observe(hb.model_copy(update={"partitions": (0,)}), now=0.0)
 
-    def report(now: float, pending: int, done: int) -> None:
-        cap.observe(
-            engine_stats(
-                "w1",
-                "main",
-                100,
-                kv_capacity_tokens=10**6,
-                max_num_batched_tokens=1_000,
-                prefill_pending_tokens=pending,
-            ).model_copy(update={"prefilled_tokens_total": done}),
-            now=now,
-        )
-
-    report(0.0, 1_000, 0)
-    report(1.0, 1_000, 2_000)  # 2,000 tokens/s
+    report(cap, 0.0, 1_000, 0)
+    report(cap, 1.0, 1_000, 2_000)  # 2,000 tokens/s
     cap.dispatched("main", "r1", now=1.1, cost=Cost(1_500, 10), worker="w1")
     (view,) = cap.worker_views("main", now=1.5)
     assert view.prefill_in_pool == 1_000 + 1_500 - 1_000
