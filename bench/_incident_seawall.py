@@ -62,8 +62,9 @@ from schemas import (
 )
 from services.admission.bucket import BucketState, Dimension, adjust, decide
 from services.admission.capacity import FleetCapacity, Placement
-from services.admission.dispatching import Lane, Queued, pick
+from services.admission.dispatching import Lane, Queued, forecasts, pick
 from services.admission.policy import (
+    NO_FORECASTS,
     Accepted,
     AdmissionPolicy,
     PolicyConfig,
@@ -111,6 +112,8 @@ class Harness:
     """``SEAWALL_CONTROLLER_TTFT_SLO_MS``: the batch controller's TTFT target."""
     itl_slo_ms: float | None = None
     """``SEAWALL_CONTROLLER_ITL_SLO_MS``: the batch controller's inter-token target."""
+    early_rejection: bool = False
+    """``SEAWALL_EARLY_REJECTION``: refuse what the TTFT predictor says is too late."""
 
     def controller_settings(self) -> ControllerSettings:
         return ControllerSettings.model_construct(
@@ -391,7 +394,12 @@ class SeawallRun:
 
     def _decide(self, request: InferenceRequest, cls: Priority) -> None:
         now = self.clock.time()
-        verdict = self.policy.screen(request, cls, self.control, now)
+        ahead = (
+            forecasts(self.queues, POOLS, self.capacity, self.clock.monotonic())
+            if self.harness.early_rejection
+            else NO_FORECASTS
+        )
+        verdict = self.policy.screen(request, cls, self.control, now, forecasts=ahead)
         if isinstance(verdict, Reply):
             self._reply(request, verdict.reply)
             return

@@ -50,8 +50,9 @@ whose cache stays cool may hold more than its reservations say).
 
 A worker's prefill queue drains between its reports: from two ``EngineStats`` that
 both found a queue, ``prefilled_tokens_total`` gives the rate its engine prefills at
-(an EWMA); the queue it reported, plus the prompts placed on it since, is drained at
-that rate for the time since (``_Worker.prefill_pending``). Without a learned rate
+(the peak of such intervals, slowly forgotten); the queue it reported, plus the prompts
+placed on it since, is drained at that rate for the time since
+(``_Worker.prefill_pending``). Without a learned rate
 nothing drains until the next report, so ``prefill_steps`` must cover about one report
 interval of prefill or it throttles below what the engine does.
 
@@ -114,8 +115,11 @@ class CapacityConfig:
     long_prompt_tokens: int = 1024
     """Placement: a prompt this long goes where prefill already queues (packed), the
     rest where it queues least (0: every request to the least loaded worker)."""
-    prefill_rate_alpha: float = 0.3
-    """Weight of the newest sample in a worker's learned prefill rate."""
+    prefill_rate_decay: float = 0.05
+    """A worker's learned prefill rate is the peak of its busy intervals' throughput (a
+    queue at both ends does not mean the engine was prefilling all along, so a sample
+    may measure the load, never more than the capacity), forgotten by this share per
+    busy interval (an engine that slows down is followed)."""
     vip_reserve: float = 0.0
     """The share of every budget only VIP requests may use (off by default: see
     ``AdmissionSettings.vip_reserve``)."""
@@ -423,8 +427,8 @@ class FleetCapacity:
             w.engine, w.engine_at = engine, now
 
     def _learn_prefill_rate(self, w: _Worker, engine: Engine, now: float) -> None:
-        """An EWMA of the prefill throughput over report intervals that had a queue at
-        both ends (a busy interval measures capacity, an idle one only the load)."""
+        """The peak prefill throughput of report intervals that had a queue at both
+        ends (an interval that did not measures only the load), slowly forgotten."""
         before = w.engine
         if before is None or now <= w.engine_at:
             return
@@ -432,8 +436,8 @@ class FleetCapacity:
         if done < 0 or not (before.prefill_pending_tokens and engine.prefill_pending_tokens):
             return  # a restarted worker, or an interval it was not busy throughout
         sample = done / (now - w.engine_at)
-        a = self.config.prefill_rate_alpha
-        w.prefill_rate = sample if w.prefill_rate is None else a * sample + (1 - a) * w.prefill_rate
+        forgotten = (w.prefill_rate or 0.0) * (1 - self.config.prefill_rate_decay)
+        w.prefill_rate = max(sample, forgotten)
 
     def _correct_kv(self, w: _Worker, engine: Engine) -> None:
         """AIMD on the worker's ``kv_scale`` (module docstring)."""
@@ -580,6 +584,14 @@ class FleetCapacity:
             elif dispatched_at > oldest:
                 by_key += cost.prompt_tokens
         return by_key + sum(w.prefill_pending(now, placed[wid]) for wid, w in live)
+
+    def prefill_rate(self, pool: str, now: float) -> tuple[float, int]:
+        """Prompt tokens per second the pool's live workers prefill (the sum of the
+        rates learned so far, 0 while none is) and one engine step's tokens on each."""
+        live = self._live(pool, now)
+        rate = sum(w.prefill_rate or 0.0 for _, w in live)
+        step = sum(w.engine.max_num_batched_tokens for _, w in live if w.engine is not None)
+        return rate, step
 
     def worker_views(self, pool: str, now: float, factor: float = 1.0) -> list[WorkerView]:
         """Each live worker's figures, the pool's rule applied to it alone: its budgets,

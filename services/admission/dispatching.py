@@ -27,7 +27,7 @@ the shed is the caller's next step.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, Protocol, TypeVar
@@ -36,6 +36,7 @@ from schemas import InferenceRequest, Priority
 from services.admission.capacity import Cost, FleetCapacity, Placement, PoolView, RoundBudget
 from services.admission.policy import Accepted, AdmissionPolicy
 from services.admission.scheduler import ClassLoad, PriorityScheduler
+from services.admission.ttft import PoolForecast
 from services.common.control import ControlState
 
 
@@ -197,3 +198,23 @@ def _fill(
         vip = chosen is Priority.VIP
         out.placements.append(budget.take(w.cost, vip, key=w.key, session=w.session))
         out.picked.append(w)
+
+
+def forecasts(
+    queues: Mapping[tuple[Lane, str], deque[W]],
+    pools: Iterable[str],
+    capacity: FleetCapacity,
+    now: float,
+) -> dict[str, PoolForecast]:
+    """What each pool's TTFT prediction reads (``ttft``): its learned prefill rate, the
+    prompt tokens queued in its engines and those waiting here per class."""
+    waiting: dict[str, Counter[Priority]] = defaultdict(Counter)
+    for (lane, pool), dq in queues.items():
+        if lane != SCAVENGER:
+            waiting[pool][lane] += sum(w.cost.prompt_tokens for w in dq)
+    out: dict[str, PoolForecast] = {}
+    for pool in pools:
+        rate, step = capacity.prefill_rate(pool, now)
+        queued = capacity.view(pool, now).prefill_in_pool
+        out[pool] = PoolForecast(rate, queued, dict(waiting[pool]), step)
+    return out

@@ -6,8 +6,10 @@ A request meets the policy three times:
    ``expired``; an unknown pool → rejected; longer than the pool's workers can run
    (prompt + ``max_tokens`` above their ``max_model_len``, as their telemetry reports
    it) → rejected ``invalid_request`` / ``context_length_exceeded``; its destination
-   pool's breaker refusing new work, its region blocked, or its tenant blocked by a
-   quota override → rejected at once. Otherwise it yields the quota charges to make:
+   pool's breaker refusing new work, its first token predicted after its deadline
+   (``ttft``: rejected ``overloaded`` / ``deadline_unreachable``, ``Retry-After`` the
+   predicted wait), its region blocked, or its tenant blocked by a quota override →
+   rejected at once. Otherwise it yields the quota charges to make:
    the tenant's bucket (tier config, quota override applied; tokens reserved as prompt
    + ``max_tokens``) and, for a throttled region, the region's bucket (charged in the
    same atomic step: a refused tenant charges no region, and the reverse).
@@ -97,6 +99,7 @@ from schemas import (
 from services.admission.bucket import Limit, QuotaDecision, TierConfig
 from services.admission.capacity import NO_COST, Cost
 from services.admission.quota import QuotaRequest
+from services.admission.ttft import PoolForecast, predict
 from services.common.control import ControlState, isolates
 from services.common.tokenizer import count_tokens
 
@@ -116,6 +119,8 @@ _RUNG_REASONS: Mapping[int, ReasonCode] = {
 _WIRE_MAX_SECONDS = 86_400
 NO_LIMITS: Mapping[str, int] = MappingProxyType({})
 """No pool's ``max_model_len`` known: nothing is refused for its length."""
+NO_FORECASTS: Mapping[str, PoolForecast] = MappingProxyType({})
+"""No TTFT prediction: nothing is refused for its deadline before it waits."""
 _REGION_TOKENS = Limit(1.0, 1.0)
 """The region bucket's (unused) tokens dimension: region throttles count requests."""
 
@@ -403,8 +408,10 @@ class AdmissionPolicy:
         control: ControlState,
         now: float,
         model_lens: Mapping[str, int] = NO_LIMITS,
+        forecasts: Mapping[str, PoolForecast] = NO_FORECASTS,
     ) -> Reply | Screened:
-        """``model_lens``: each pool's ``max_model_len``, where its workers reported it."""
+        """``model_lens``: each pool's ``max_model_len``, where its workers reported it;
+        ``forecasts``: what each pool's TTFT prediction reads (``ttft``)."""
         early = self._terminal(request, now, cancelled=False)
         if early is not None:
             return early
@@ -431,6 +438,23 @@ class AdmissionPolicy:
         dest = self.destination(pool, cls, control)
         if self.gate(dest, control).refuse:
             return self._breaker_open(request, dest, now)
+        prompt = prompt_tokens(request)
+        forecast = forecasts.get(dest)
+        wait_s = None if forecast is None else predict(prompt, cls, forecast)
+        if (
+            wait_s is not None
+            and request.deadline_at is not None
+            and now + wait_s > request.deadline_at
+        ):
+            return terminal(
+                request,
+                ReplyStatus.REJECTED,
+                ReasonCode.OVERLOADED,
+                f"the first token would come in about {wait_s:.1f} s, after the deadline",
+                now,
+                retry_only(wait_s),
+                code="deadline_unreachable",
+            )
         region: QuotaRequest | None = None
         throttle = region_throttle(control, request.client.region)
         if throttle is not None:
@@ -457,7 +481,6 @@ class AdmissionPolicy:
                 now,
                 retry_only(self.config.quota_retry_after_s),
             )
-        prompt = prompt_tokens(request)
         tokens = prompt + request.sampling.max_tokens
         return Screened(pool, QuotaRequest(request.tenant, config, 1, tokens), region, prompt)
 

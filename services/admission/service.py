@@ -70,8 +70,9 @@ from schemas import (
 )
 from services.admission import metrics as m
 from services.admission.capacity import CapacityConfig, FleetCapacity, Placement
-from services.admission.dispatching import SCAVENGER, Lane, Queued, Round, pick
+from services.admission.dispatching import SCAVENGER, Lane, Queued, Round, forecasts, pick
 from services.admission.policy import (
+    NO_FORECASTS,
     Accepted,
     AdmissionPolicy,
     Admit,
@@ -435,11 +436,17 @@ class Admission(Component):
         self, items: Sequence[tuple[TopicPartition, int, InferenceRequest, Priority]]
     ) -> None:
         now = self.clock.time()
-        lens = self.capacity.model_lens(self.clock.monotonic())
+        mono = self.clock.monotonic()
+        lens = self.capacity.model_lens(mono)
+        ahead = (
+            forecasts(self._queues, self.settings.pools, self.capacity, mono)
+            if self.settings.early_rejection
+            else NO_FORECASTS
+        )
         screened: list[tuple[TopicPartition, int, InferenceRequest, Priority, Screened]] = []
         for tp, offset, request, cls in items:
             try:
-                verdict = self.policy.screen(request, cls, self.control, now, lens)
+                verdict = self.policy.screen(request, cls, self.control, now, lens, ahead)
             except Exception as e:  # a record-level failure: it is answered, nothing stops
                 self._fail(tp, offset, request, cls, e)
                 continue

@@ -93,6 +93,13 @@ class AdmissionSettings(CommonSettings):
     small_pool: str = Field(default="small", pattern=r"^[A-Za-z0-9._-]+$")
     enterprise_pool: str = Field(default="main", pattern=r"^[A-Za-z0-9._-]+$")
     max_tokens_cap: int = Field(default=512, ge=1, le=32_768)
+    early_rejection: bool = False
+    """Refuse at once (``overloaded`` / ``deadline_unreachable``, ``Retry-After``) a
+    request whose first token is predicted after its deadline (``ttft``). Off by
+    default: the prediction divides by a prefill rate learned from busy intervals,
+    which at moderate load measures the load rather than the engines' capacity — in
+    ``bench/incident.py`` at 72% of capacity it refused half the VIP requests that
+    would have been served in time (``bench/README.md``)."""
     scavenger_tiers: frozenset[Tier] = frozenset()
     """Work-conserving quotas: these tiers' over-quota requests wait for idle capacity
     (served ``scavenged``, shed ``quota_exceeded`` as soon as other work needs the
