@@ -192,7 +192,7 @@ async def redis(settings: CommonSettings) -> AsyncIterator[aioredis.Redis]:
     try:
         yield client
     finally:
-        keys = [k async for k in client.scan_iter(match=f"{settings.redis_prefix}*")]
+        keys = [k async for k in client.scan_iter(match=f"{settings.redis_prefix}*", count=1000)]
         if keys:
             await client.delete(*keys)
         await client.aclose()

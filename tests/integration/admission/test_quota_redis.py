@@ -50,7 +50,7 @@ CONFIGS = {
 
 
 async def delete_prefix(client: aioredis.Redis, prefix: str) -> None:
-    keys = [k async for k in client.scan_iter(match=f"{prefix}*")]
+    keys = [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)]
     if keys:
         await client.delete(*keys)
 
@@ -203,7 +203,7 @@ async def test_cost_validation_happens_before_redis(client: aioredis.Redis, pref
         await quota.decide("d", CONFIGS["basic"], requests=-1)
     with pytest.raises(ValueError, match="correction"):
         await quota.adjust("d", CONFIGS["basic"], math.inf)
-    assert [k async for k in client.scan_iter(match=f"{prefix}*")] == []
+    assert [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)] == []
 
 
 async def test_unreachable_redis_raises_quota_unavailable() -> None:
@@ -282,7 +282,7 @@ async def _charge_agreement(url: str, cfg: TierConfig, steps: list[tuple[int, bo
             assert [t.state for t in got.tenant.dimensions.values()] == [t.state for t in t_takes]
             tenant_states = [t.state for t in t_takes]
             assert not got.replayed
-        keys = {k.decode() async for k in client.scan_iter(match=f"{prefix}*")}
+        keys = {k.decode() async for k in client.scan_iter(match=f"{prefix}*", count=1000)}
         if any(r for _, r, _ in steps):
             assert region_key(prefix, "eu", "requests") in keys
         assert quota_key(prefix, "eu", "requests") not in keys  # a tenant named eu is apart
