@@ -8,8 +8,10 @@ for the pool picked (the caller answers them ``breaker_open``); otherwise the po
 rate-limit factor, and at most the half-open probes left) is filled slot by slot: the
 pool's ``PriorityScheduler`` chooses among the classes whose longest-waiting request
 fits the budget now (slots, KV and prefill tokens, the VIP reserve for VIP alone), and
-that request goes. A class whose head does not fit yields its turn to one whose head
-does (work-conserving) without letting a smaller request of its own jump the queue.
+that request goes, placed on a worker where the workers report their partitions
+(``RoundBudget.take``; the round's ``placements``). A class whose head does not fit
+yields its turn to one whose head does (work-conserving) without letting a smaller
+request of its own jump the queue.
 
 The scavenger lane (over-quota work of the tiers that allow it, keyed
 ``(SCAVENGER, requested pool)``) is never diverted and comes last: once every class's
