@@ -62,7 +62,7 @@ produces it to one of that worker's partitions; every budget then holds per work
 too (``worker_views``). A session's request goes to its session's worker while that
 one has room (affinity only then); otherwise a short request goes to the worker with
 the fewest whole engine steps of prefill queued — each of its tokens waits behind them
-— then the least loaded (``WorkerView.load``: its fullest dimension), and a long prompt
+— then the least loaded (the fullest of its dimensions), and a long prompt
 (``long_prompt_tokens``) to the least loaded. Workers that report no partitions leave
 the record's key to choose.
 
@@ -83,7 +83,6 @@ smallest their ``EngineStats`` report): what admission checks a request's prompt
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import zlib
 from collections import OrderedDict
@@ -235,16 +234,6 @@ class WorkerView:
     step_tokens: int = 0
     """Its engine's ``max_num_batched_tokens`` (0: not reported)."""
 
-    @property
-    def load(self) -> float:
-        """How full it is, the fullest dimension first: what placement balances."""
-        shares = [self.in_pool / self.slots if self.slots else 1.0]
-        if self.kv_budget:
-            shares.append(self.kv_in_pool / self.kv_budget)
-        if self.prefill_budget:
-            shares.append(self.prefill_in_pool / self.prefill_budget)
-        return max(shares) + sum(shares) / 1000  # ties go to the emptier overall
-
 
 @dataclass(frozen=True, slots=True)
 class Placement:
@@ -288,9 +277,14 @@ class _Room:
 
     @property
     def load(self) -> float:
-        return dataclasses.replace(
-            self.view, in_pool=self.in_pool, kv_in_pool=self.kv, prefill_in_pool=self.prefill
-        ).load
+        """How full it is, the fullest dimension first: what placement balances."""
+        v = self.view
+        shares = [self.in_pool / v.slots if v.slots else 1.0]
+        if v.kv_budget:
+            shares.append(self.kv / v.kv_budget)
+        if v.prefill_budget:
+            shares.append(self.prefill / v.prefill_budget)
+        return max(shares) + sum(shares) / 1000  # ties go to the emptier overall
 
 
 class RoundBudget:
@@ -300,7 +294,7 @@ class RoundBudget:
     Where the pool's workers report the partitions they own (``workers``), every
     request must also fit one worker, and ``take`` places it: on the worker of its
     session's partition while that one has room (affinity only then), else on the
-    least loaded worker it fits (``WorkerView.load``). Without them, it returns
+    least loaded worker it fits (``_Room.load``). Without them, it returns
     ``None`` and the record's key picks its partition (and worker)."""
 
     def __init__(
