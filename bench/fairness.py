@@ -12,7 +12,9 @@ The baseline is phase 1 of the same run, on the same stack, after ten unmeasured
 requests have warmed the path. Figures: the VIP's latency
 percentiles in both phases (terminal reply, not streamed, 16 tokens) and their ratio
 (the goal: P99 loaded / alone at most 1.2), the VIP's failures, and what the basic
-tenants got (answers per second, refusals seen by the SDK).
+tenants got (answers per second, refusals seen by the SDK), and per phase the cores
+each process used (the stack's services, the broker, this load generator) and the
+machine's busy share — whether the machine itself was the bottleneck.
 
 Writes ``results/fairness.json`` (``vip_p99_alone_ms``, ``vip_p99_loaded_ms``,
 ``vip_p99_loaded_over_alone`` and the details) and ``results/fairness.png``.
@@ -32,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from _common import machine, output_dir, ratio, summary
 
 # `seawall up` and the call helpers come from the test support package.
@@ -95,9 +98,11 @@ async def phase(
                 loops.append(asyncio.create_task(closed_loop(client, f"{b}.{j}", stop, tally)))
         await asyncio.sleep(args.warmup)  # the basic tenants reach their quota first
     started = time.monotonic()
+    cpu_before, machine_before = cpu_seconds(stack), psutil.cpu_times()
     n = int(args.vip_rate * args.duration)
     results = await timed_calls(vip, n, args.vip_rate, f"vip-{tag}", MAX_TOKENS)
     elapsed = time.monotonic() - started
+    cpu_after, machine_after = cpu_seconds(stack), psutil.cpu_times()
     stop.set()
     for task in loops:
         task.cancel()
@@ -114,7 +119,33 @@ async def phase(
         "basic_replies_by_status": {k: v for k, v in tally.items() if v},
         "basic_ok_per_s": tally.get("ok", 0) / elapsed if loaded else 0.0,
         "seconds": elapsed,
+        "cpu_cores_used": {
+            name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / elapsed, 3)
+            for name in sorted(cpu_after)
+        },
+        "machine_cpu_busy_share": round(busy_share(machine_before, machine_after), 3),
     }
+
+
+def cpu_seconds(stack: Stack) -> dict[str, float]:
+    """CPU seconds so far, per process: the stack's (by service instance, the broker and
+    ``seawall up`` itself) and this one's (the load generator and its SDK clients)."""
+    out = {"load generator (this process)": sum(psutil.Process().cpu_times()[:2])}
+    root = psutil.Process(stack.proc.pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            name = proc.environ().get("SEAWALL_INSTANCE_ID") or proc.name()
+            out[name] = out.get(name, 0.0) + sum(proc.cpu_times()[:2])
+        except psutil.Error:
+            continue
+    return out
+
+
+def busy_share(before: Any, after: Any) -> float:
+    """The machine's CPU time not idle between two ``psutil.cpu_times()``."""
+    total = sum(after) - sum(before)
+    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0) - getattr(before, "iowait", 0))
+    return (total - idle) / total if total else 0.0
 
 
 async def main() -> None:
