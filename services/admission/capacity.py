@@ -112,8 +112,8 @@ class CapacityConfig:
     kv_scale_min: float = 0.3
     kv_scale_max: float = 1.5
     long_prompt_tokens: int = 1024
-    """Placement: a prompt this long goes where prefill already queues (packed), the
-    rest where it queues least (0: every request to the least loaded worker)."""
+    """Placement: a prompt this long goes to the least loaded worker, a shorter one
+    where the fewest prefill steps queue (0: every request to the least loaded)."""
     prefill_rate_decay: float = 0.05
     """A worker's learned prefill rate is the peak of its busy intervals' throughput (a
     queue at both ends does not mean the engine was prefilling all along, so a sample
@@ -173,6 +173,16 @@ class _Worker:
     prefill_rate: float | None = None
     """Prompt tokens per second its engine prefills when it has a queue (learned)."""
 
+    def budgets(self, part: float, c: CapacityConfig) -> tuple[int, int, int]:
+        """Its batch slots, KV and prefill budgets at ``part`` of its capacity (the pool
+        breaker's factor times its own share); token budgets 0 without ``EngineStats``."""
+        slots = max(1, math.floor(self.batch_limit * part))
+        e = self.engine
+        if e is None:
+            return slots, 0, 0
+        kv = math.floor(e.kv_capacity_tokens * c.kv_fill * self.kv_scale * part)
+        return slots, kv, math.floor(e.max_num_batched_tokens * c.prefill_steps * part)
+
     def prefill_pending(self, now: float, since_report: int = 0) -> int:
         """Its prefill queue now: reported, plus ``since_report`` tokens placed on it
         since, drained at its learned rate for the time since the report."""
@@ -214,8 +224,14 @@ class PoolView:
     kv_in_pool: int = 0
     prefill_budget: int = 0
     prefill_in_pool: int = 0
-    kv_limited: bool = False
-    prefill_limited: bool = False
+
+    @property
+    def kv_limited(self) -> bool:
+        return self.kv_budget > 0
+
+    @property
+    def prefill_limited(self) -> bool:
+        return self.prefill_budget > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,12 +273,9 @@ class _Room:
 
     def fits(self, cost: Cost, keep: float) -> bool:
         v = self.view
-        if self.in_pool + 1 > v.slots + self.slack - math.floor(v.slots * keep):
-            return False
-        if v.kv_budget and not _within(self.kv, cost.kv_tokens, v.kv_budget * (1 - keep)):
-            return False
-        budget = v.prefill_budget * (1 - keep)
-        return not v.prefill_budget or _within(self.prefill, cost.prompt_tokens, budget)
+        free = v.slots + self.slack - self.in_pool
+        budgets = (v.slots, v.kv_budget, v.prefill_budget)
+        return _fits(cost, keep, free, budgets, self.kv, self.prefill)
 
     def take(self, cost: Cost) -> None:
         self.in_pool += 1
@@ -327,12 +340,8 @@ class RoundBudget:
         the scavenger lane leaves for the work that may arrive next)."""
         keep = self._keep(vip, headroom)
         v = self._view
-        if self._slots_free - math.floor(v.slots * keep) < 1:
-            return False
-        if v.kv_limited and not _within(self._kv, cost.kv_tokens, v.kv_budget * (1 - keep)):
-            return False
-        limit = v.prefill_budget * (1 - keep)
-        if v.prefill_limited and not _within(self._prefill, cost.prompt_tokens, limit):
+        budgets = (v.slots, v.kv_budget, v.prefill_budget)
+        if not _fits(cost, keep, self._slots_free, budgets, self._kv, self._prefill):
             return False
         return not self._rooms or any(room.fits(cost, keep) for room in self._rooms)
 
@@ -368,6 +377,21 @@ class RoundBudget:
         if home not in parts:
             home = parts[zlib.crc32(key.encode()) % len(parts)]
         return Placement(self._pool, room.view.worker_id, home)
+
+
+def _fits(
+    cost: Cost, keep: float, free: int, budgets: tuple[int, int, int], kv: int, prefill: int
+) -> bool:
+    """The pacing rule for one more request, in a pool or on one worker: a slot left
+    after ``keep`` of the ``(slots, kv, prefill)`` budgets, and its tokens within the
+    token budgets less ``keep`` (a token budget of 0 is not reported: it does not
+    limit)."""
+    slots, kv_budget, prefill_budget = budgets
+    if free - math.floor(slots * keep) < 1:
+        return False
+    if kv_budget and not _within(kv, cost.kv_tokens, kv_budget * (1 - keep)):
+        return False
+    return not prefill_budget or _within(prefill, cost.prompt_tokens, prefill_budget * (1 - keep))
 
 
 def _within(used: int, cost: int, budget: float) -> bool:
@@ -524,13 +548,13 @@ class FleetCapacity:
         slots = kv_budget = prefill_budget = 0
         reported = reported_kv = 0
         for wid, w in live:
-            part = factor * self._shares.get(wid, 1.0)
-            slots += max(1, math.floor(w.batch_limit * part))
+            w_slots, w_kv, w_prefill = w.budgets(factor * self._shares.get(wid, 1.0), c)
+            slots += w_slots
+            kv_budget += w_kv
+            prefill_budget += w_prefill
             reported += max(0, w.in_flight - w.completed_since_report)
             e = w.engine
             if e is not None:
-                kv_budget += math.floor(e.kv_capacity_tokens * c.kv_fill * w.kv_scale * part)
-                prefill_budget += math.floor(e.max_num_batched_tokens * c.prefill_steps * part)
                 reported_kv += math.ceil(e.kv_cache_usage * e.kv_capacity_tokens)
         oldest_report = min(w.reported_at for _, w in live)
         unreflected = unreflected_kv = 0
@@ -551,8 +575,6 @@ class FleetCapacity:
             kv_in_pool=max(ledger_kv, reported_kv + unreflected_kv),
             prefill_budget=prefill_budget,
             prefill_in_pool=prefill_in_pool,
-            kv_limited=kv_budget > 0,
-            prefill_limited=prefill_budget > 0,
         )
 
     def free(self, pool: str, now: float, factor: float = 1.0) -> int:
@@ -610,18 +632,18 @@ class FleetCapacity:
                 figures[4] += cost.prompt_tokens
         views = []
         for wid, w in live:
-            part = factor * self._shares.get(wid, 1.0)
+            slots, kv_budget, prefill_budget = w.budgets(factor * self._shares.get(wid, 1.0), c)
             n, kv, new, new_kv, new_prefill = counted[wid]
             e = w.engine or Engine()
             views.append(
                 WorkerView(
                     worker_id=wid,
                     partitions=w.partitions,
-                    slots=max(1, math.floor(w.batch_limit * part)),
+                    slots=slots,
                     in_pool=max(n, max(0, w.in_flight - w.completed_since_report) + new),
-                    kv_budget=math.floor(e.kv_capacity_tokens * c.kv_fill * w.kv_scale * part),
+                    kv_budget=kv_budget,
                     kv_in_pool=max(kv, math.ceil(e.kv_cache_usage * e.kv_capacity_tokens) + new_kv),
-                    prefill_budget=math.floor(e.max_num_batched_tokens * c.prefill_steps * part),
+                    prefill_budget=prefill_budget,
                     prefill_in_pool=w.prefill_pending(now, new_prefill),
                     step_tokens=e.max_num_batched_tokens,
                 )
@@ -638,7 +660,7 @@ class FleetCapacity:
         workers = self.worker_views(pool, now, factor)
         slack = 1 if c.slack else 0
         budget = RoundBudget(
-            view, self.config.vip_reserve, max_requests, workers, slack, pool, c.long_prompt_tokens
+            view, c.vip_reserve, max_requests, workers, slack, pool, c.long_prompt_tokens
         )
         return view, budget
 
