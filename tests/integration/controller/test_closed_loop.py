@@ -96,7 +96,10 @@ async def test_controller_decisions_change_what_admission_dispatches(
                         for d in reader.dispatched(t)
                     )
 
-                deadline = time.monotonic() + 60
+                # The main pool's worker may be isolated by its own breaker by now; it
+                # serves again after a half-open decision, whose probes are granted once
+                # per decision (not per re-publication): allow for a second round.
+                deadline = time.monotonic() + 120
                 while not (seen("after-standard") and seen("after-vip")):
                     assert time.monotonic() < deadline, "the requests were not dispatched"
                     await reader.poll()
