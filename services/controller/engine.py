@@ -6,10 +6,11 @@ Scopes and what is decided for them:
 
 - ``worker:<id>``: a ``BreakerState`` (the breaker matrix on the worker's own windows,
   plus heartbeat loss) and a ``BatchLimit`` (the adaptive batch limit, from the
-  worker's completed-request latencies, within its engine's ``max_num_seqs``);
+  worker's completed-request latencies and its engine's preemptions and waiting queue,
+  within its engine's ``max_num_seqs``);
 - ``pool:<name>``: a ``BreakerState`` (the matrix on the pool's windows: every sample of
-  its workers) and a ``DegradationLevel`` (the ladder on the pool's requests and the
-  hottest GPU of the pool).
+  its workers) and a ``DegradationLevel`` (the ladder on the pool's requests, its
+  engines' preemptions and the hottest GPU of the pool).
 
 Every scope gets an explicit state from its first sight (closed breaker, level 0, the
 worker's own batch limit), so that consumers read a decision, not the absence of one.
@@ -125,7 +126,8 @@ class EngineConfig:
     @property
     def gauge_window_s(self) -> float:
         rows = (self.breaker.cpu_percent, self.breaker.gpu_memory_percent)
-        return max(t.window_s for t in (*rows, self.degradation.gpu_temperature_c))
+        rungs = (self.degradation.gpu_temperature_c, self.degradation.preemptions_per_s)
+        return max(t.window_s for t in (*rows, *rungs))
 
     def request_window(self) -> RequestWindow:
         size = self.request_window_s
@@ -193,6 +195,7 @@ def scaled_config(
             latency_p99_ms=_scaled(d.latency_p99_ms, k),
             error_rate=_scaled(d.error_rate, k),
             gpu_temperature_c=_scaled(d.gpu_temperature_c, k),
+            preemptions_per_s=_scaled(d.preemptions_per_s, k),
         ),
         batch=replace(
             BatchConfig(),
@@ -200,6 +203,8 @@ def scaled_config(
             ttft_slo_ms=ttft_slo_ms,
             itl_slo_ms=itl_slo_ms,
             min_interval_s=BatchConfig().min_interval_s * k,
+            preemption_hold_s=BatchConfig().preemption_hold_s * k,
+            queue_hold_s=BatchConfig().queue_hold_s * k,
         ),
         heartbeat=HeartbeatConfig(timeout_s=heartbeat_timeout_s),
         republish_s=republish_s,
@@ -342,6 +347,7 @@ class _Worker:
         self.batch: AdaptiveBatchLimit | None = None
         self.max_num_seqs: int | None = None
         self.lost_since: float | None = None
+        self.preempted_total: int | None = None
         self.memory_reserved: float | None = None
         """The engine's ``gpu_memory_utilization``, from its ``EngineStats``; until one
         arrives (telemetry of different kinds can come out of order, e.g. from a backlog
@@ -379,6 +385,10 @@ class PoolEngine:
         self._cpu = config.gauge_window()
         self._gpu_memory = config.gauge_window()
         self._gpu_temperature = config.gauge_window()
+        self._preemptions = config.gauge_window()
+        """Per engine report, the preemptions since that engine's previous report."""
+        self._kv_usage = config.gauge_window()
+        self._waiting = config.gauge_window()
         self._breaker = Breaker(self.scope, config.breaker)
         self._ladder = DegradationLadder(self.scope, config.degradation)
         self.inputs: dict[str, dict[str, float]] = {}
@@ -544,33 +554,43 @@ class PoolEngine:
 
     def _on_engine_stats(self, worker: _Worker, event: EngineStats, now: float) -> None:
         worker.memory_reserved = event.limits.gpu_memory_utilization
+        # a total that went down is an engine that restarted: a new count, not preemptions
+        previous_total, worker.preempted_total = worker.preempted_total, event.preempted_total
+        preempted = 0 if previous_total is None else max(0, event.preempted_total - previous_total)
+        self._preemptions.record(now, preempted)
+        self._kv_usage.record(now, event.kv_cache_usage)
+        self._waiting.record(now, event.waiting)
+        batch = self._batch_for(worker, event, now)
+        decision = batch.observe_engine(now, preempted, event.waiting, event.kv_cache_usage)
+        if decision is not None:
+            self._issue_batch(worker, decision.evidence, str(decision.previous_state), now)
+
+    def _batch_for(self, worker: _Worker, event: EngineStats, now: float) -> AdaptiveBatchLimit:
+        """The worker's batch limit, made (or remade) for its engine's ``max_num_seqs``."""
         max_num_seqs = event.limits.max_num_seqs
         if worker.batch is not None and worker.max_num_seqs == max_num_seqs:
-            return
+            return worker.batch
         previous = worker.batch.limit if worker.batch is not None else None
         worker.max_num_seqs = max_num_seqs
-        worker.batch = AdaptiveBatchLimit(
+        batch = worker.batch = AdaptiveBatchLimit(
             worker.scope,
             max_num_seqs,
             self.config.batch,
             event.batch_limit if previous is None else previous,
         )
         self._dirty.add(worker.scope)
-        if previous == worker.batch.limit:
-            return
+        if previous == batch.limit:
+            return batch
         evidence = PolicyEvidence(
             reason=(
-                f"engine max_num_seqs {max_num_seqs}: limit {worker.batch.limit} "
+                f"engine max_num_seqs {max_num_seqs}: limit {batch.limit} "
                 f"(the worker ran {event.batch_limit})"
             ),
             metrics={"reported_batch_limit": event.batch_limit, "in_flight": event.in_flight},
-            thresholds={
-                "max_num_seqs": max_num_seqs,
-                "floor": worker.batch.floor,
-                "cap": worker.batch.cap,
-            },
+            thresholds={"max_num_seqs": max_num_seqs, "floor": batch.floor, "cap": batch.cap},
         )
         self._issue_batch(worker, evidence, None if previous is None else str(previous), now)
+        return batch
 
     def _worker(self, worker_id: str, now: float) -> _Worker:
         scope = f"worker:{worker_id}"
@@ -612,9 +632,18 @@ class PoolEngine:
             self.inputs[worker.scope] = _values(readings)
             self._breaker_decision(worker.breaker.evaluate(now, readings))
         readings = breaker_readings(cfg.breaker, now, self._requests, self._cpu, self._gpu_memory)
-        rungs = degradation_readings(cfg.degradation, now, self._requests, self._gpu_temperature)
+        rungs = degradation_readings(
+            cfg.degradation, now, self._requests, self._gpu_temperature, self._preemptions
+        )
+        engine_window = cfg.degradation.preemptions_per_s.window_s
         self.inputs[self.scope] = {
             **_values(readings),
+            **_values(
+                {
+                    "kv_cache_usage": self._kv_usage.stats(now, engine_window).mean_reading(),
+                    "engine_waiting": self._waiting.stats(now, engine_window).mean_reading(),
+                }
+            ),
             **{f"ladder.{k}": v for k, v in _values(rungs).items()},
         }
         self._breaker_decision(self._breaker.evaluate(now, readings))

@@ -22,6 +22,14 @@ time to first token (``ttft_slo_ms``: the prefill queue) and inter-token latency
 shrinks when *any* signal is over its target and grows only when *every* one is under
 ``grow_below`` of it; the evidence names the signal that decided.
 
+The engine's own reports carry the rest of the pressure (``observe_engine``). A
+preemption means the worker's KV cache could not hold what it was given (vLLM evicts a
+running request to recompute it later, the costliest way to wait): the limit shrinks at
+once, without waiting for latencies to show it, and does not grow for
+``preemption_hold_s``. A waiting queue that stayed non-empty for ``queue_hold_s`` means
+the engine already holds more than it runs: a larger limit would only lengthen that
+queue, so the limit does not grow while it lasts.
+
 Nothing changes before 30 samples (the seed's rolling(30) is undefined until then), nor
 within ``min_interval_s`` of the previous change, so the limit does not chase noise
 and each change has time to show its effect. Factors are applied as exact fractions
@@ -53,6 +61,8 @@ class BatchConfig:
     floor: int = 4
     ceiling: int = 128
     min_interval_s: float = 5.0
+    preemption_hold_s: float = 30.0
+    queue_hold_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.sla_ms <= 0:
@@ -67,8 +77,8 @@ class BatchConfig:
             raise ValueError("grow_below must be in (0, 1]")
         if not 1 <= self.floor <= self.ceiling:
             raise ValueError("need 1 <= floor <= ceiling")
-        if self.min_interval_s < 0:
-            raise ValueError("min_interval_s must be >= 0")
+        if min(self.min_interval_s, self.preemption_hold_s, self.queue_hold_s) < 0:
+            raise ValueError("min_interval_s, preemption_hold_s and queue_hold_s must be >= 0")
 
 
 def _sample_std(values: list[float]) -> float:
@@ -131,6 +141,8 @@ class AdaptiveBatchLimit:
         }
         self._recent: deque[tuple[float, float]] = deque(maxlen=self.config.volatility_samples)
         self._changed_at = -math.inf
+        self._preempted_at = -math.inf
+        self._queued_since: float | None = None
         self._shrink = _exact(self.config.shrink_factor)
         self._grow = _exact(self.config.grow_factor)
 
@@ -182,16 +194,15 @@ class AdaptiveBatchLimit:
             name, value, limit, limit_name = max(over, key=lambda sig: sig[1] / sig[2])
             new = max(self.floor, math.floor(self._limit * self._shrink))
             sign = ">"
-        elif all(sig[1] < cfg.grow_below * sig[2] for sig in signals):
+        elif not self._engine_full(now) and all(
+            sig[1] < cfg.grow_below * sig[2] for sig in signals
+        ):
             name, value, target, target_name = max(signals, key=lambda sig: sig[1] / sig[2])
             limit, limit_name = cfg.grow_below * target, f"grow_below_{target_name}"
             new = min(self.cap, math.ceil(self._limit * self._grow))
             sign = "<"
         else:
             return None
-        if new == self._limit:
-            return None
-        previous, self._limit, self._changed_at = self._limit, new, now
         metrics = {
             "latency_ewma_ms": ewma,
             "latency_std_ms": std,
@@ -207,6 +218,58 @@ class AdaptiveBatchLimit:
         for sig_name, sig_value, target, target_name in signals[1:]:
             metrics[f"{sig_name}_ewma_ms"] = sig_value
             thresholds[target_name] = target
+        reason = (
+            f"{name} EWMA {value:.4g}ms {sign} {limit_name} {limit:.4g}ms "
+            f"(SLA {cfg.sla_ms:g}ms x sensitivity {1.0 + volatility:.3g})"
+        )
+        return self._change(now, new, reason, now - self._recent[0][0], metrics, thresholds)
+
+    def observe_engine(
+        self, now: float, preempted: int, waiting: int, kv_cache_usage: float
+    ) -> Decision[int] | None:
+        """One report of the worker's engine (its ``EngineStats``): ``preempted``
+        requests since its previous report, ``waiting`` in its queue now. Shrinks on a
+        preemption."""
+        if waiting <= 0:
+            self._queued_since = None
+        elif self._queued_since is None:
+            self._queued_since = now
+        if preempted <= 0:
+            return None
+        self._preempted_at = now
+        if now - self._changed_at < self.config.min_interval_s:
+            return None
+        new = max(self.floor, math.floor(self._limit * self._shrink))
+        reason = (
+            f"{preempted} preemptions since the engine's previous report "
+            f"(KV cache {kv_cache_usage:.0%} used, {waiting} waiting)"
+        )
+        metrics = {
+            "preemptions": float(preempted),
+            "kv_cache_usage": kv_cache_usage,
+            "waiting": float(waiting),
+        }
+        thresholds = {"floor": float(self.floor), "cap": float(self.cap)}
+        return self._change(now, new, reason, 0.0, metrics, thresholds)
+
+    def _engine_full(self, now: float) -> bool:
+        """Whether the engine's reports forbid growth (see the module docstring)."""
+        cfg = self.config
+        queued = self._queued_since is not None and now - self._queued_since >= cfg.queue_hold_s
+        return queued or now - self._preempted_at < cfg.preemption_hold_s
+
+    def _change(
+        self,
+        now: float,
+        new: int,
+        reason: str,
+        window_s: float,
+        metrics: dict[str, float],
+        thresholds: dict[str, float],
+    ) -> Decision[int] | None:
+        if new == self._limit:
+            return None
+        previous, self._limit, self._changed_at = self._limit, new, now
         return Decision(
             scope=self.scope,
             kind=DecisionKind.BATCH_LIMIT,
@@ -214,12 +277,8 @@ class AdaptiveBatchLimit:
             previous_state=previous,
             new_state=new,
             evidence=Evidence(
-                reason=(
-                    f"{name} EWMA {value:.4g}ms {sign} {limit_name} {limit:.4g}ms "
-                    f"(SLA {cfg.sla_ms:g}ms x sensitivity {1.0 + volatility:.3g}): "
-                    f"limit {previous} -> {new}"
-                ),
-                window_s=now - self._recent[0][0],
+                reason=f"{reason}: limit {previous} -> {new}",
+                window_s=window_s,
                 metrics=metrics,
                 thresholds=thresholds,
             ),

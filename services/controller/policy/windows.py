@@ -11,7 +11,7 @@ merge, so do windows: a pool's window is the merge of its workers' windows (same
 - ``RequestWindow``: latencies in a DDSketch per bucket (quantiles within the sketch's
   relative accuracy) plus request and error counts.
 - ``GaugeWindow``: a sampled gauge (GPU memory %, temperature, host CPU %): latest value,
-  minimum, maximum, mean.
+  minimum, maximum, mean; or counts per report (preemptions), read as a rate.
 - ``ShareWindow``: how many of the events counted were hits (e.g. long prompts).
 """
 
@@ -195,6 +195,12 @@ class GaugeStats:
     minimum: float | None
     maximum: float | None
     mean: float | None
+    total: float = 0.0
+
+    def rate_reading(self) -> Reading | None:
+        """The samples' sum per second of the window: for a gauge that records counts
+        (e.g. preemptions since the previous report), their rate."""
+        return Reading(self.total / self.window_s, self.count) if self.count else None
 
     def mean_reading(self) -> Reading | None:
         return None if self.mean is None else Reading(self.mean, self.count)
@@ -223,6 +229,7 @@ class GaugeWindow(_Window[_GaugeBucket]):
             minimum=total.minimum,
             maximum=total.maximum,
             mean=total.total / total.count,
+            total=total.total,
         )
 
 

@@ -296,3 +296,69 @@ def test_inter_token_latency_of_a_completed_request() -> None:
     assert inter_token_ms(done(100.0, 1_100.0, 11)) == 100.0
     assert inter_token_ms(done(100.0, 100.0, 1)) is None
     assert inter_token_ms(done(None, 500.0, 5)) is None
+
+
+# -- the engine's reports -----------------------------------------------------------
+
+ENGINE = BatchConfig(sla_ms=SLA, min_interval_s=5.0, preemption_hold_s=30.0, queue_hold_s=5.0)
+
+
+def test_a_preemption_shrinks_at_once_with_the_engine_figures_as_evidence() -> None:
+    controller = AdaptiveBatchLimit("worker:w1", 512, ENGINE, initial_limit=64)
+    assert controller.observe_engine(0.0, preempted=0, waiting=3, kv_cache_usage=0.8) is None
+    decision = controller.observe_engine(1.0, preempted=2, waiting=5, kv_cache_usage=0.99)
+    assert decision is not None
+    assert (decision.previous_state, decision.new_state) == (64, 44)
+    assert decision.evidence.reason.startswith("2 preemptions since the engine's previous")
+    assert decision.evidence.metrics == {
+        "preemptions": 2.0,
+        "kv_cache_usage": 0.99,
+        "waiting": 5.0,
+    }
+    # The next preemption within min_interval_s waits; one after it shrinks again.
+    assert controller.observe_engine(3.0, preempted=1, waiting=5, kv_cache_usage=0.99) is None
+    again = controller.observe_engine(6.0, preempted=1, waiting=5, kv_cache_usage=0.99)
+    assert again is not None
+    assert again.new_state == 30
+
+
+def test_no_growth_for_the_hold_after_a_preemption() -> None:
+    controller = AdaptiveBatchLimit("worker:w1", 512, ENGINE, initial_limit=32)
+    controller.observe_engine(0.0, preempted=0, waiting=0, kv_cache_usage=0.5)
+    shrunk = controller.observe_engine(1.0, preempted=1, waiting=0, kv_cache_usage=0.99)
+    assert shrunk is not None
+    assert shrunk.new_state == 22
+    # Fast requests, one a second: no growth before 1 + 30 s, growth right after.
+    decisions = run(controller, [0.1 * SLA] * 40, start=2.0)
+    assert decisions
+    assert decisions[0].at == 31.0
+    assert decisions[0].new_state == 25
+
+
+def test_no_growth_while_the_engine_keeps_a_waiting_queue() -> None:
+    controller = AdaptiveBatchLimit("worker:w1", 512, ENGINE, initial_limit=32)
+    decisions: list[Decision[int]] = []
+    for i in range(60):
+        assert controller.observe_engine(float(i), 0, waiting=4, kv_cache_usage=0.7) is None
+        decision = controller.observe(float(i), 0.1 * SLA)
+        if decision is not None:
+            decisions.append(decision)
+    assert decisions == []  # a queue held since t=0: the limit is not what binds
+    # A queue that empties at each report is not a held queue: growth resumes.
+    for i in range(60, 100):
+        controller.observe_engine(float(i), 0, waiting=4 if i % 2 else 0, kv_cache_usage=0.7)
+        decision = controller.observe(float(i), 0.1 * SLA)
+        if decision is not None:
+            decisions.append(decision)
+    assert decisions
+    assert decisions[0].new_state == 36
+
+
+def test_preemptions_never_take_the_limit_below_the_floor() -> None:
+    controller = AdaptiveBatchLimit("worker:w1", 512, ENGINE, initial_limit=5)
+    limits = []
+    for i in range(10):
+        decision = controller.observe_engine(10.0 * i, 3, waiting=9, kv_cache_usage=1.0)
+        limits.append(controller.limit)
+        assert decision is None or decision.new_state >= controller.floor
+    assert set(limits) == {4}  # 5 x 0.7 -> the floor at once, and there it stays

@@ -36,6 +36,7 @@ class Rung:
 
 LADDER = [
     Rung(Trigger.LATENCY_P99, 1, 2000.0, 300.0, 1500.0, 300.0),
+    Rung(Trigger.PREEMPTIONS, 1, 1.0, 60.0, 0.1, 120.0),
     Rung(Trigger.ERROR_RATE, 2, 0.15, 0.0, 0.05, 120.0),
     Rung(Trigger.GPU_TEMPERATURE, 3, 85.0, 0.0, 75.0, 180.0),
 ]
@@ -124,12 +125,14 @@ def test_configurable_exits_in_seconds() -> None:
 
 
 def test_readings_from_windows() -> None:
-    requests, temperature = RequestWindow(), GaugeWindow()
+    requests, temperature, preemptions = RequestWindow(), GaugeWindow(), GaugeWindow()
     for i in range(60):
         requests.record(float(i), 3000.0, ok=i % 4 != 0)
         temperature.record(float(i), 70.0 + (20.0 if i == 50 else 0.0))
-    readings = degradation_readings(DegradationConfig(), 59.0, requests, temperature)
+        preemptions.record(float(i), 3 if i % 2 else 0)  # 90 preemptions in 60 reports
+    readings = degradation_readings(DegradationConfig(), 59.0, requests, temperature, preemptions)
     assert readings[Trigger.ERROR_RATE] == Reading(0.25, 60)
+    assert readings[Trigger.PREEMPTIONS] == Reading(90 / 60.0, 60)  # a rate per second
     # the max, not the mean, over the buckets from t=20 (holding now - 30 s) on
     assert readings[Trigger.GPU_TEMPERATURE] == Reading(90.0, 40)
     latency = readings[Trigger.LATENCY_P99]

@@ -85,15 +85,18 @@ def engine_stats(
     batch_limit: int = 32,
     max_num_seqs: int = 64,
     gpu_memory_utilization: float = 0.0,
+    preempted_total: int = 0,
+    waiting: int = 0,
+    kv_cache_usage: float = 0.1,
 ) -> EngineStats:
     return EngineStats(
         worker_id=worker,
         pool="main",
         engine="sim",
         running=0,
-        waiting=0,
-        preempted_total=0,
-        kv_cache_usage=0.1,
+        waiting=waiting,
+        preempted_total=preempted_total,
+        kv_cache_usage=kv_cache_usage,
         in_flight=0,
         batch_limit=batch_limit,
         limits=EngineLimitsInfo(
@@ -272,6 +275,47 @@ def test_errors_trip_the_worker_and_pool_breakers_and_the_ladder() -> None:
     assert isinstance(ladder, DegradationLevel)
     assert (ladder.level, ladder.max_tokens_cap, ladder.small_pool) == (2, 512, "small")
     assert ladder.evidence.metrics["error_rate"] == pytest.approx(0.5)
+
+
+def test_preemptions_shrink_the_worker_limit_and_sustained_ones_take_the_pool_to_level_1() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0, preempted_total=100))
+    # The first report only sets the count; 2 preemptions a second from then on.
+    changes: list[ControlEvent] = []
+    for second in range(1, 101):
+        fleet.now = T0 + second
+        stats = engine_stats(
+            "w1", fleet.now, preempted_total=100 + 2 * second, waiting=6, kv_cache_usage=0.98
+        )
+        changes += fleet.feed(heartbeat("w1", fleet.now), stats).changes
+        changes += fleet.tick().changes
+    limits = [e for e in changes if isinstance(e, BatchLimit)]
+    assert [e.limit for e in limits][:3] == [22, 15, 10]  # one shrink per min_interval_s
+    assert limits[1].issued_at - limits[0].issued_at == 5.0
+    assert limits[0].evidence.metrics == {
+        "preemptions": 2.0,
+        "kv_cache_usage": 0.98,
+        "waiting": 6.0,
+    }
+    ladders = [e for e in changes if isinstance(e, DegradationLevel)]
+    assert [e.level for e in ladders] == [1]
+    rung = ladders[-1]
+    # 2/s fills the minute's window past 1/s after 30 s; then the trip holds 60 s.
+    assert rung.issued_at - T0 >= 90.0
+    # (a window reaches up to one bucket further back than its 60 s)
+    assert rung.evidence.metrics["preemptions_per_s"] == pytest.approx(2.0, rel=0.1)
+    assert rung.evidence.thresholds["preemptions_per_s"] == 1.0
+    assert fleet.engine.inputs["pool:main"]["kv_cache_usage"] == pytest.approx(0.98, rel=0.01)
+
+
+def test_an_engine_whose_count_went_down_restarted_and_did_not_preempt() -> None:
+    fleet = Fleet()
+    fleet.feed(engine_stats("w1", T0, preempted_total=500))
+    fleet.now += 10
+    fleet.feed(engine_stats("w1", fleet.now, preempted_total=0))
+    fleet.now += 10
+    fleet.feed(engine_stats("w1", fleet.now, preempted_total=0))
+    assert [e.limit for e in fleet.events if isinstance(e, BatchLimit)] == [32]
 
 
 def test_an_over_temperature_gpu_puts_the_pool_on_level_3() -> None:
