@@ -79,6 +79,7 @@ def make_consumer(
         "auto_offset_reset": "earliest",
         "session_timeout_ms": settings.consumer_session_timeout_ms,
         "heartbeat_interval_ms": settings.consumer_heartbeat_ms,
+        "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms,
         "max_poll_interval_ms": 300_000,
     }
     options.update(overrides)

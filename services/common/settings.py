@@ -53,6 +53,12 @@ class CommonSettings(BaseSettings):
     this, and its partitions move; a restarted instance rejoins after about twice this
     on the embedded broker (measured: 11 s for 6 s, 7 s for 3 s)."""
     consumer_heartbeat_ms: int = Field(default=1_000, ge=100, le=60_000)
+    consumer_fetch_max_wait_ms: int = Field(default=50, ge=1, le=10_000)
+    """How long a fetch may wait at the broker for records (every consumer, faust's
+    included). Apache Kafka answers a fetch as soon as a record arrives, so there this
+    only bounds idle polling (20 fetches/s per consumer at 50 ms); the embedded broker
+    answers late, and each hop then costs a share of this wait (measured: median 369 ms
+    at faust's 1,500 ms, 163 ms at aiokafka's default 500, 23 ms at 100, 4 ms at 20)."""
 
     instance_id: str = Field(default_factory=default_instance_id, max_length=128)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -61,6 +61,7 @@ from services.controller import metrics as m
 from services.controller.engine import Output, PoolEngine, PoolRecord, WorkerRecord
 from services.controller.outbox import Outbox
 from services.controller.settings import ControllerSettings
+from services.controller.transport import App
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", PoolRecord, WorkerRecord)
@@ -89,10 +90,12 @@ def partition_by_pool(key: bytes | None, all_partitions: list[int], available: l
 
 def build_app(settings: ControllerSettings, datadir: Path) -> faust.App:
     """The faust app: at-least-once, in-memory tables restored from their changelogs,
-    no web server, no standby replicas (a new owner restores from the changelog)."""
+    no web server, no standby replicas (a new owner restores from the changelog), and
+    our fetch wait (see ``transport``)."""
     session_s = settings.controller_session_timeout_s
-    return faust.App(
+    return App(
         settings.app_id,
+        fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
         broker=[f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")],
         store="memory://",
         processing_guarantee="at_least_once",

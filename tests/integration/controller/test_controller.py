@@ -152,6 +152,16 @@ def limits_of(events: list[ControlEvent]) -> list[int]:
     return [e.limit for e in events if isinstance(e, BatchLimit)]
 
 
+async def test_faust_fetches_with_our_fetch_wait_not_its_hardcoded_one(
+    settings: CommonSettings,
+) -> None:
+    """faust writes 1,500 ms into its consumer; on the embedded broker every telemetry
+    record then waited a share of that before the controller saw it."""
+    async with controller(settings, consumer_fetch_max_wait_ms=37) as running:
+        fetcher = running.app.consumer._thread._consumer._fetcher  # type: ignore[attr-defined]
+        assert fetcher._fetch_max_wait_ms == 37
+
+
 async def test_injected_latency_shrinks_the_batch_limit_and_the_workers_in_flight(
     settings: CommonSettings, topics: Topics
 ) -> None:
