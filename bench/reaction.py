@@ -257,11 +257,15 @@ class FakeWorker:
         self._started_at = time.time()
         self._requests = 0
         self._armed: asyncio.Future[tuple[float, float]] | None = None
+        self._idle_s = 0.0
         self._quiet = False
 
-    def arm(self) -> asyncio.Future[tuple[float, float]]:
-        """When the trigger record was sent and when the broker acked it."""
+    def arm(self, idle_s: float = 0.0) -> asyncio.Future[tuple[float, float]]:
+        """When the trigger record was sent and when the broker acked it. With
+        ``idle_s``: nothing at all is reported for that long, and the trigger is the
+        first record after the silence."""
         self._armed = asyncio.get_running_loop().create_future()
+        self._idle_s = idle_s
         return self._armed
 
     def resume(self) -> None:
@@ -272,6 +276,9 @@ class FakeWorker:
         rounds = 0
         while True:
             trigger = self._armed
+            if trigger is not None and self._idle_s:
+                await asyncio.sleep(self._idle_s)
+                rounds, self._idle_s = QUIET_ROUNDS, 0.0
             if trigger is not None and rounds == QUIET_ROUNDS:
                 rounds, self._armed, self._quiet = 0, None, True
                 sent = time.time()
@@ -338,6 +345,9 @@ class Samples:
     """t0 → the controller's decision (``issued_at``): the part of the reaction spent
     before the control event was published."""
     baseline: dict[str, list[float]] = field(default_factory=_per_role)
+    after_idle: dict[str, list[float]] = field(default_factory=_per_role)
+    """The reaction to a trigger that is the first telemetry after ``--idle-s`` of none
+    (heartbeats included, so the worker is also isolated as lost meanwhile)."""
     missed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
     produce_ack_ms: list[float] = field(default_factory=list)
 
@@ -372,6 +382,8 @@ async def measure(
     trials: int,
     warmup: int,
     pings: int,
+    idle_trials: int,
+    idle_s: float,
 ) -> Samples:
     # The controller reads telemetry from the end once it joins its group: it is ready
     # when both followers saw its first decisions about this pool and this worker.
@@ -380,13 +392,21 @@ async def measure(
     control = topics_of(settings).control
     out = Samples()
     matches = {"admission": degraded, "worker": isolated}
-    for trial in range(warmup + trials):
+    for trial in range(warmup + trials + idle_trials):
         if not await followers.wait(lambda: healthy(followers), RECOVERY_TIMEOUT_S):
             raise RuntimeError(f"trial {trial}: the pool and the worker did not recover")
         index = len(followers.log)
-        sent, t0 = await worker.arm()
+        after_idle = trial >= warmup + trials
+        sent, t0 = await worker.arm(idle_s if after_idle else 0.0)
         applied = await followers.applied_since(index, matches)
         worker.resume()
+        if after_idle:
+            for role in ROLES:
+                if role in applied:
+                    out.after_idle[role].append((applied[role].at - t0) * 1000)
+                else:
+                    out.missed[role] += 1
+            continue
         if trial >= warmup:
             out.produce_ack_ms.append((t0 - sent) * 1000)
             for role in ROLES:
@@ -443,7 +463,17 @@ async def with_controller(
     )
     reporting = asyncio.create_task(worker.run())
     measuring = asyncio.create_task(
-        measure(settings, followers, worker, producer, args.trials, args.warmup, args.pings)
+        measure(
+            settings,
+            followers,
+            worker,
+            producer,
+            args.trials,
+            args.warmup,
+            args.pings,
+            args.idle_trials,
+            args.idle_s,
+        )
     )
     try:
         await asyncio.wait({reporting, measuring}, return_when=asyncio.FIRST_COMPLETED)
@@ -472,6 +502,7 @@ def plot(samples: Samples, tick_s: float, path: Path) -> None:
     series = [
         *((f"reaction at {r}", samples.reaction[r], "-") for r in ROLES),
         *((f"baseline: broker round trip to {r}", samples.baseline[r], ":") for r in ROLES),
+        *((f"after idle, at {r}", samples.after_idle[r], "--") for r in ROLES),
     ]
     for label, values, style in series:
         if values:
@@ -496,6 +527,12 @@ def main() -> int:
     parser.add_argument("--pings", type=int, default=2, help="baseline pings per trial")
     parser.add_argument("--tick", type=float, default=0.05, help="SEAWALL_CONTROLLER_TICK_S")
     parser.add_argument(
+        "--idle-trials", type=int, default=3, help="trials after a silence, measured last"
+    )
+    parser.add_argument(
+        "--idle-s", type=float, default=60.0, help="the silence before each idle trial"
+    )
+    parser.add_argument(
         "--time-scale", type=float, default=0.01, help="SEAWALL_CONTROLLER_TIME_SCALE"
     )
     args = parser.parse_args()
@@ -509,6 +546,7 @@ def main() -> int:
     reaction = {r: summary(samples.reaction[r]) for r in ROLES}
     decision = {r: summary(samples.to_decision[r]) for r in ROLES}
     baseline = {r: summary(samples.baseline[r]) for r in ROLES}
+    after_idle = {r: summary(samples.after_idle[r]) for r in ROLES}
     ratios = {
         r: {q: ratio(reaction[r][q], baseline[r][q]) for q in ("p50", "p99", "max")} for r in ROLES
     }
@@ -517,6 +555,7 @@ def main() -> int:
         rows = (
             ("reaction", reaction[role]),
             ("  t0 → decision", decision[role]),
+            (f"after {args.idle_s:g}s idle", after_idle[role]),
             ("baseline", baseline[role]),
         )
         for name, row in rows:
@@ -556,18 +595,28 @@ def main() -> int:
             "trials": args.trials,
             "warmup_trials": args.warmup,
             "pings_per_trial": args.pings,
+            "idle_trials": args.idle_trials,
+            "idle_s": args.idle_s,
         },
         "machine": machine(load_before, broker=EMBEDDED_BROKER),
         "elapsed_s": elapsed,
+        "admission_p99_ms": reaction["admission"]["p99"],
+        "round_trip_p99_ms": baseline["admission"]["p99"],
+        "after_idle_p99_ms": after_idle["admission"]["p99"],
         "results": {
             "reaction": reaction,
+            "after_idle": after_idle,
             "baseline": baseline,
             "missed": samples.missed,
             "t0_to_decision": decision,
         },
         "produce_ack_ms": summary(samples.produce_ack_ms),
         "ratios_vs_baseline": ratios,
-        "samples_ms": {"reaction": samples.reaction, "baseline": samples.baseline},
+        "samples_ms": {
+            "reaction": samples.reaction,
+            "after_idle": samples.after_idle,
+            "baseline": samples.baseline,
+        },
     }
     (RESULTS / "reaction.json").write_text(json.dumps(doc, indent=2) + "\n")
     plot(samples, args.tick, RESULTS / "reaction.png")
