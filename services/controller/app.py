@@ -11,7 +11,10 @@ producer's key, or a telemetry topic with another partition count) is forwarded 
 app's internal topic ``<app id>-telemetry-by-pool``, keyed by pool, where the ``decide``
 agent reads it. Deciding feeds the record to that pool's ``PoolEngine``; a timer task
 evaluates every owned pool each ``controller_tick_s`` (holds advance and heartbeat loss
-shows without telemetry) and re-publishes the decisions in force. Control events go to
+shows without telemetry) and re-publishes the decisions in force; a pool that got
+telemetry is evaluated as soon as the timer task is free, at most once per
+``controller_react_s``, so a threshold crossed is decided within one broker hop and
+that spacing, not at the next tick. Control events go to
 ``llm.control`` keyed by ``<kind>/<scope>``.
 
 State: the ``decisions`` table (changelog-backed) holds each pool's ``PoolRecord`` under
@@ -36,12 +39,13 @@ No Kafka transactions (the embedded broker has none): at-least-once processing, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -174,6 +178,9 @@ class Controller(Component):
         self.app.agent(self._by_pool, name="decide")(self._decide)
         self._worker = _InProcessWorker(self.app)
         self._ticker: asyncio.Task[Any] | None = None
+        self._touched: set[str] = set()
+        """Pools that got telemetry since their last evaluation."""
+        self._telemetry_seen = asyncio.Event()
         self._outbox = Outbox(flush=lambda: self.app.producer.flush(), send=self._send)
         self._direct = False
         """Whether ``route`` may decide records on their pool's partition itself."""
@@ -269,6 +276,8 @@ class Controller(Component):
                 engine = self._engine(telemetry.pool, now)
                 output = engine.observe(telemetry, now)
                 await self._publish(engine, output)
+                self._touched.add(telemetry.pool)
+                self._telemetry_seen.set()
         except Exception as e:
             if is_infrastructure(e):
                 raise
@@ -292,13 +301,26 @@ class Controller(Component):
 
     # -- timer -----------------------------------------------------------------
     async def _tick_loop(self) -> None:
+        """Evaluate the pools that got telemetry once the timer task is free (then wait
+        ``controller_react_s``), and every owned pool each ``controller_tick_s``."""
+        settings = self.settings
+        next_tick = time.monotonic() + settings.controller_tick_s
         while True:
-            await asyncio.sleep(self.settings.controller_tick_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._telemetry_seen.wait(), max(0.0, next_tick - time.monotonic())
+                )
+            self._telemetry_seen.clear()
             if self._worker.crashed or self.app.crashed:
                 reason = self.app.crash_reason or self._worker.crash_reason
                 raise RuntimeError(f"the faust app crashed: {reason!r}")
+            touched, self._touched = self._touched, set()
+            full = time.monotonic() >= next_tick
+            if full:
+                next_tick = time.monotonic() + settings.controller_tick_s
             if self.ready:
-                await self.tick()
+                await (self.tick() if full else self.evaluate(touched))
+            await asyncio.sleep(settings.controller_react_s)
 
     async def tick(self) -> None:
         """Evaluate every pool this instance owns (adopting those it newly owns)."""
@@ -306,12 +328,21 @@ class Controller(Component):
         async with self._lock:
             now = self.clock.time()
             self._adopt_owned_pools(now)
-            for engine in list(self.engines.values()):
-                output = engine.tick(now)
-                await self._publish(engine, output)
-                m.count_output(None, output)
+            await self._evaluate(list(self.engines.values()), now)
             self._exporter.export(self.engines.values())
         m.TICK_SECONDS.set(time.monotonic() - started)
+
+    async def evaluate(self, pools: Iterable[str]) -> None:
+        """Evaluate these pools, those of them this instance owns."""
+        async with self._lock:
+            now = self.clock.time()
+            await self._evaluate([self.engines[p] for p in pools if p in self.engines], now)
+
+    async def _evaluate(self, engines: Sequence[PoolEngine], now: float) -> None:
+        for engine in engines:
+            output = engine.tick(now)
+            await self._publish(engine, output)
+            m.count_output(None, output)
 
     # -- pools -----------------------------------------------------------------
     def _partition(self, pool: str) -> int:

@@ -21,6 +21,10 @@ class ControllerSettings(CommonSettings):
     controller_time_scale: float = Field(default=1.0, gt=0, le=100)
     controller_tick_s: float = Field(default=1.0, gt=0, le=60)
     """How often every scope is evaluated (hold timers advance without telemetry too)."""
+    controller_react_s: float = Field(default=0.02, gt=0, le=60)
+    """A pool that got telemetry is evaluated at once, not at the next tick, but at most
+    once per this (so a stream of records costs at most 1 / react_s evaluations a
+    second, not one per record)."""
     controller_republish_s: float = Field(default=5.0, gt=0, le=3600)
     """How often the decisions in force are re-published (level-triggered)."""
     controller_valid_for_s: float = Field(default=60.0, gt=0, le=86_400)

@@ -28,6 +28,7 @@ from schemas import (
     ControlEvent,
     DeadLetter,
     DegradationLevel,
+    GpuStats,
 )
 from seawall.embedded import free_port
 from services.common.bus import ensure_topics, make_consumer, make_producer
@@ -266,6 +267,45 @@ async def test_an_over_temperature_gpu_puts_its_pool_on_static_replies(
     assert hot.small_pool is None  # the small pool is not diverted to itself
     assert hot.max_tokens_cap == 512
     assert level_is(0)(control.of(key)[0])
+
+
+async def test_telemetry_past_a_threshold_is_decided_at_once_not_at_the_next_tick(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    """With a minute between ticks, only the evaluation the record itself causes can
+    answer within the wait."""
+
+    def hot(at: float) -> GpuStats:
+        return GpuStats(
+            worker_id="hot-w1",
+            pool="reacting",
+            gpu_index=0,
+            name="sim",
+            utilization_pct=90.0,
+            memory_used_bytes=1,
+            memory_total_bytes=2,
+            temperature_c=95.0,
+            power_w=300.0,
+            power_limit_w=400.0,
+            simulated=True,
+            at=at,
+        )
+
+    key = "degradation/pool:reacting"
+    async with (
+        control_log(settings, topics) as control,
+        controller(settings, controller_tick_s=60.0) as running,
+    ):
+        await until(lambda: running.ready, 30)
+        started = time.monotonic()
+        while control.first(key, level_is(3)) is None:
+            # the controller joins its group and reads from the end: send until it sees one
+            assert time.monotonic() - started < 40, "no decision before the next tick"
+            await produce(settings, topics.telemetry, [hot(time.time())])
+            await asyncio.sleep(0.5)
+    decided = control.first(key, level_is(3))
+    assert isinstance(decided, DegradationLevel)
+    assert decided.evidence.metrics["gpu_temperature_c"] == 95.0
 
 
 def spawn_controller(
