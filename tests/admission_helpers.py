@@ -27,7 +27,8 @@ from schemas import (
     WorkerHeartbeat,
 )
 from schemas.base import Message
-from services.admission.capacity import NO_COST, Cost, WorkerStatus
+from services.admission.capacity import WorkerStatus
+from services.admission.cost import NO_COST, Cost
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_consumer, make_producer
 from services.common.control import ControlState

@@ -85,12 +85,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Literal
 
 from schemas import EngineStats, RequestCompleted, TelemetryEvent, WorkerHeartbeat
+from services.admission.cost import NO_COST, Cost
+from services.admission.ledger import Ledger
 
 WorkerStatus = Literal["starting", "serving", "draining", "stopped"]
 _ABSORBING: frozenset[WorkerStatus] = frozenset({"starting", "serving"})
@@ -132,23 +133,6 @@ class CapacityConfig:
             raise ValueError("need 0 < kv_scale_min <= 1 <= kv_scale_max and kv_step >= 0")
         if not 0 < self.kv_backoff < 1 or not 0 <= self.vip_reserve < 1:
             raise ValueError("kv_backoff must lie in (0, 1) and vip_reserve in [0, 1)")
-
-
-@dataclass(frozen=True, slots=True)
-class Cost:
-    """What one request occupies on a worker, in the engine's units."""
-
-    prompt_tokens: int = 0
-    max_tokens: int = 0
-
-    @property
-    def kv_tokens(self) -> int:
-        """The most its sequence can hold: what its KV reservation counts."""
-        return self.prompt_tokens + self.max_tokens
-
-
-NO_COST: Final = Cost()
-"""A request that needs no engine (a static reply), or one whose cost is not known."""
 
 
 @dataclass(slots=True)
@@ -206,9 +190,8 @@ class Engine:
 
 @dataclass(slots=True)
 class _Pool:
-    ledger: OrderedDict[str, tuple[float, Cost, str | None]] = field(default_factory=OrderedDict)
-    """Request id → when this instance dispatched it, its cost and the worker it was
-    placed on (``None``: by key), oldest first."""
+    ledger: Ledger = field(default_factory=Ledger)
+    """This instance's dispatches to the pool that are not completed yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,10 +492,10 @@ class FleetCapacity:
         if w is not None:
             w.completed_since_report += 1
             w.heard_at = now
-            self._pool(w.pool).ledger.pop(request_id, None)
+            self._pool(w.pool).ledger.pop(request_id)
         else:
             for p in self._pools.values():
-                p.ledger.pop(request_id, None)
+                p.ledger.pop(request_id)
 
     def share(self, worker_id: str, share: float) -> None:
         """The part of its batch slots a worker's breaker leaves it: 1 all, 0 isolated."""
@@ -531,9 +514,7 @@ class FleetCapacity:
         cost: Cost = NO_COST,
         worker: str | None = None,
     ) -> None:
-        ledger = self._pool(pool).ledger
-        ledger.pop(request_id, None)  # a re-dispatch counts once, from now
-        ledger[request_id] = (now, cost, worker)
+        self._pool(pool).ledger.add(request_id, now, cost, worker)
 
     # -- the rule ------------------------------------------------------------------
     def view(self, pool: str, now: float, factor: float = 1.0) -> PoolView:
@@ -541,7 +522,7 @@ class FleetCapacity:
             raise ValueError("factor must lie in [0, 1]")
         c = self.config
         ledger = self._pool(pool).ledger
-        self._forget_old(ledger, now)
+        ledger.expire(now - c.ledger_ttl_s)
         live = self._live(pool, now)
         if not live:
             return PoolView(0, 0, len(ledger), 0)
@@ -556,23 +537,16 @@ class FleetCapacity:
             e = w.engine
             if e is not None:
                 reported_kv += math.ceil(e.kv_cache_usage * e.kv_capacity_tokens)
-        oldest_report = min(w.reported_at for _, w in live)
-        unreflected = unreflected_kv = 0
-        for dispatched_at, cost, _ in reversed(ledger.values()):
-            if dispatched_at <= oldest_report:
-                break
-            unreflected += 1
-            unreflected_kv += cost.kv_tokens
+        _, unreflected = ledger.since({}, others=min(w.reported_at for _, w in live))
         prefill_in_pool = self._prefill_in_pool(live, ledger, now)
-        in_pool = max(len(ledger), reported + unreflected)
-        ledger_kv = sum(cost.kv_tokens for _, cost, _ in ledger.values())
+        in_pool = max(len(ledger), reported + unreflected.requests)
         return PoolView(
             workers=len(live),
             slots=slots,
             in_pool=in_pool,
             free=max(0, slots + c.slack - in_pool),
             kv_budget=kv_budget,
-            kv_in_pool=max(ledger_kv, reported_kv + unreflected_kv),
+            kv_in_pool=max(ledger.total.kv_tokens, reported_kv + unreflected.kv_tokens),
             prefill_budget=prefill_budget,
             prefill_in_pool=prefill_in_pool,
         )
@@ -581,25 +555,15 @@ class FleetCapacity:
         return self.view(pool, now, factor).free
 
     @staticmethod
-    def _prefill_in_pool(
-        live: list[tuple[str, _Worker]],
-        ledger: OrderedDict[str, tuple[float, Cost, str | None]],
-        now: float,
-    ) -> int:
+    def _prefill_in_pool(live: list[tuple[str, _Worker]], ledger: Ledger, now: float) -> int:
         """Σ each worker's prefill queue (``_Worker.prefill_pending``) with the prompts
         placed on it since its report, plus the prompts dispatched by key since the
         oldest report (not drained: where they went is not known)."""
         engine_at = {wid: w.engine_at for wid, w in live}
-        placed: dict[str, int] = dict.fromkeys(engine_at, 0)
-        by_key = 0
-        oldest = min(engine_at.values())
-        for dispatched_at, cost, wid in ledger.values():
-            if wid is not None and wid in placed:
-                if dispatched_at > engine_at[wid]:
-                    placed[wid] += cost.prompt_tokens
-            elif dispatched_at > oldest:
-                by_key += cost.prompt_tokens
-        return by_key + sum(w.prefill_pending(now, placed[wid]) for wid, w in live)
+        placed, by_key = ledger.since(engine_at, others=min(engine_at.values()))
+        return by_key.prompt_tokens + sum(
+            w.prefill_pending(now, placed[wid].prompt_tokens) for wid, w in live
+        )
 
     def prefill_rate(self, pool: str, now: float) -> tuple[float, int]:
         """Prompt tokens per second the pool's live workers prefill (the sum of the
@@ -615,36 +579,30 @@ class FleetCapacity:
         placed on it since."""
         c = self.config
         live = self._live(pool, now)
-        # per worker: ledger entries and their KV; entries since its report and their
-        # KV; prompt tokens placed since its engine report
-        counted: dict[str, list[int]] = {wid: [0, 0, 0, 0, 0] for wid, _ in live}
-        workers = dict(live)
-        for dispatched_at, cost, placed_on in self._pool(pool).ledger.values():
-            if placed_on is None or placed_on not in counted:
-                continue
-            figures = counted[placed_on]
-            figures[0] += 1
-            figures[1] += cost.kv_tokens
-            if dispatched_at > workers[placed_on].reported_at:  # not in its report yet
-                figures[2] += 1
-                figures[3] += cost.kv_tokens
-            if dispatched_at > workers[placed_on].engine_at:
-                figures[4] += cost.prompt_tokens
+        ledger = self._pool(pool).ledger
+        unreported, _ = ledger.since({wid: w.reported_at for wid, w in live})
+        unprefilled, _ = ledger.since({wid: w.engine_at for wid, w in live})
         views = []
         for wid, w in live:
             slots, kv_budget, prefill_budget = w.budgets(factor * self._shares.get(wid, 1.0), c)
-            n, kv, new, new_kv, new_prefill = counted[wid]
+            placed, new = ledger.placed_on(wid), unreported[wid]
             e = w.engine or Engine()
             views.append(
                 WorkerView(
                     worker_id=wid,
                     partitions=w.partitions,
                     slots=slots,
-                    in_pool=max(n, max(0, w.in_flight - w.completed_since_report) + new),
+                    in_pool=max(
+                        placed.requests,
+                        max(0, w.in_flight - w.completed_since_report) + new.requests,
+                    ),
                     kv_budget=kv_budget,
-                    kv_in_pool=max(kv, math.ceil(e.kv_cache_usage * e.kv_capacity_tokens) + new_kv),
+                    kv_in_pool=max(
+                        placed.kv_tokens,
+                        math.ceil(e.kv_cache_usage * e.kv_capacity_tokens) + new.kv_tokens,
+                    ),
                     prefill_budget=prefill_budget,
-                    prefill_in_pool=w.prefill_pending(now, new_prefill),
+                    prefill_in_pool=w.prefill_pending(now, unprefilled[wid].prompt_tokens),
                     step_tokens=e.max_num_batched_tokens,
                 )
             )
@@ -694,12 +652,3 @@ class FleetCapacity:
             for wid, w in self._workers.items()
             if w.pool == pool and w.status in _ABSORBING and self._shares.get(wid, 1.0) > 0
         ]
-
-    def _forget_old(
-        self, ledger: OrderedDict[str, tuple[float, Cost, str | None]], now: float
-    ) -> None:
-        while ledger:
-            first, _, _ = next(iter(ledger.values()))
-            if now - first <= self.config.ledger_ttl_s:
-                break
-            ledger.popitem(last=False)

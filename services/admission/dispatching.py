@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, Protocol, TypeVar
 
 from schemas import InferenceRequest, Priority
-from services.admission.capacity import Cost, FleetCapacity, Placement, PoolView, RoundBudget
+from services.admission.capacity import FleetCapacity, Placement, PoolView, RoundBudget
+from services.admission.cost import Cost
 from services.admission.policy import Accepted, AdmissionPolicy
 from services.admission.scheduler import ClassLoad, PriorityScheduler
 from services.admission.ttft import PoolForecast

@@ -97,7 +97,7 @@ from schemas import (
     Tier,
 )
 from services.admission.bucket import Limit, QuotaDecision, TierConfig
-from services.admission.capacity import NO_COST, Cost
+from services.admission.cost import NO_COST, Cost
 from services.admission.quota import QuotaRequest
 from services.admission.ttft import PoolForecast, predict
 from services.common.control import ControlState, isolates

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.admission.capacity import CapacityConfig, Cost, FleetCapacity
+from services.admission.capacity import CapacityConfig, FleetCapacity
+from services.admission.cost import Cost
 from tests.admission_helpers import engine_stats, heartbeat
 
 pytestmark = pytest.mark.unit

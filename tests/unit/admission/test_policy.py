@@ -29,7 +29,7 @@ from schemas import (
     Tier,
 )
 from services.admission.bucket import BucketState, Limit, TierConfig, decide
-from services.admission.capacity import Cost
+from services.admission.cost import Cost
 from services.admission.policy import (
     Accepted,
     AdmissionPolicy,

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from schemas import Priority
 from services.admission.bucket import DEFAULT_TIERS
-from services.admission.capacity import CapacityConfig, Cost, FleetCapacity, RoundBudget
+from services.admission.capacity import CapacityConfig, FleetCapacity, RoundBudget
+from services.admission.cost import Cost
 from services.admission.dispatching import pick
 from services.admission.policy import AdmissionPolicy, PolicyConfig
 from services.admission.scheduler import PriorityScheduler

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from schemas import InferenceRequest, Priority, ReasonCode, ReplyStatus, Tier
 from services.admission.bucket import DEFAULT_TIERS
-from services.admission.capacity import CapacityConfig, Cost, FleetCapacity
+from services.admission.capacity import CapacityConfig, FleetCapacity
+from services.admission.cost import Cost
 from services.admission.dispatching import SCAVENGER, Lane, forecasts
 from services.admission.policy import AdmissionPolicy, PolicyConfig, Reply, Screened
 from services.admission.ttft import PoolForecast, predict

@@ -1,0 +1,105 @@
+"""The ledger's running totals and suffix walks against a plain walk of every entry."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.admission.cost import Cost
+from services.admission.ledger import Ledger, Sums
+
+pytestmark = pytest.mark.unit
+
+WORKERS = ["w1", "w2", "w3"]
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("add"),
+            st.integers(0, 30),  # request id
+            st.integers(0, 3).map(float),  # time step: ties are the edge cases
+            st.tuples(st.integers(0, 5000), st.integers(0, 2000)),
+            st.sampled_from([*WORKERS, None]),
+        ),
+        st.tuples(st.just("pop"), st.integers(0, 30)),
+        st.tuples(st.just("expire"), st.integers(0, 40).map(float)),
+    ),
+    max_size=80,
+)
+
+
+def naive(
+    entries: dict[str, tuple[float, Cost, str | None]],
+    workers: dict[str, float],
+    others: float,
+) -> tuple[dict[str, Sums], Sums]:
+    out = {w: Sums() for w in workers}
+    rest = Sums()
+    for at, cost, placed in entries.values():
+        if placed in workers:
+            if at > workers[placed]:
+                out[placed].add(cost)
+        elif at > others:
+            rest.add(cost)
+    return out, rest
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=ops, data=st.data())
+def test_totals_and_since_sums_match_a_walk_of_every_entry(
+    ops: list[tuple[object, ...]], data: st.DataObject
+) -> None:
+    ledger = Ledger()
+    model: dict[str, tuple[float, Cost, str | None]] = {}
+    now = 0.0
+    for op in ops:
+        if op[0] == "add":
+            _, rid, step, (prompt, max_tokens), worker = op
+            now += step  # type: ignore[operator]
+            cost = Cost(prompt, max_tokens)  # type: ignore[arg-type]
+            ledger.add(f"r{rid}", now, cost, worker)  # type: ignore[arg-type]
+            model.pop(f"r{rid}", None)  # a re-dispatch moves to the end
+            model[f"r{rid}"] = (now, cost, worker)  # type: ignore[assignment]
+        elif op[0] == "pop":
+            ledger.pop(f"r{op[1]}")
+            model.pop(f"r{op[1]}", None)
+        else:
+            ledger.expire(op[1])  # type: ignore[arg-type]
+            model = {k: v for k, v in model.items() if v[0] >= op[1]}  # type: ignore[operator]
+    assert len(ledger) == len(model)
+    total = Sums()
+    for _, cost, _ in model.values():
+        total.add(cost)
+    assert ledger.total == total
+    for worker in WORKERS:
+        expected = Sums()
+        for _, cost, placed in model.values():
+            if placed == worker:
+                expected.add(cost)
+        assert ledger.placed_on(worker) == expected
+    # times asked about: mostly the entries' own (ties are the edge cases), or any
+    times = st.one_of(
+        st.sampled_from(sorted({at for at, _, _ in model.values()} | {-1.0})),
+        st.integers(-1, 60).map(float),
+    )
+    asked = data.draw(st.dictionaries(st.sampled_from(WORKERS), times))
+    others = data.draw(st.one_of(times, st.just(math.inf)))
+    assert ledger.since(asked, others) == naive(model, asked, others)
+
+
+def test_an_entry_at_the_very_time_asked_about_is_not_newer() -> None:
+    ledger = Ledger()
+    cost = Cost(10, 5)
+    for rid, at, worker in [("r1", 1.0, "w1"), ("r2", 2.0, "w2"), ("r3", 2.0, None)]:
+        ledger.add(rid, at, cost, worker)
+    ledger.add("r4", 3.0, cost, "w1")
+    one = Sums(1, 15, 10)
+    assert ledger.since({"w1": 1.0, "w2": 2.0}, others=2.0) == ({"w1": one, "w2": Sums()}, Sums())
+    assert ledger.since({"w2": 1.0}, others=1.0) == ({"w2": one}, Sums(2, 30, 20))
+    assert ledger.since({"w1": 0.0}) == ({"w1": Sums(2, 30, 20)}, Sums())
+    ledger.expire(2.0)  # r1 only: r2 and r3 were dispatched at 2.0
+    assert len(ledger) == 3
+    assert ledger.placed_on("w1") == one
