@@ -747,6 +747,11 @@ def main() -> int:
             load_before, broker=EMBEDDED_BROKER, redis=redis_version(args.redis_url)
         ),
         "elapsed_s": elapsed,
+        # the figures issue 15 compares from run to run
+        "decisions_per_s": figures.decisions_per_s,
+        "relay_per_s": figures.relay_per_s,
+        "latency_p99_ms": latency["through_admission"]["p99"],
+        "plain_hop_p99_ms": latency["plain_hop"]["p99"],
         "results": {
             "decisions_per_s": figures.decisions_per_s,
             "relay_records_per_s": figures.relay_per_s,

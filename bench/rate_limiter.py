@@ -377,6 +377,11 @@ def main() -> int:
         "quick": args.quick,
         "machine": machine(load_before, redis=str(info["redis_version"])),
         "elapsed_s": elapsed,
+        # the figure issue 15 compares from run to run, per client count
+        "seawall_over_limits_moving_window": {
+            clients: ratio(figures["seawall"], figures["limits-moving"])
+            for clients, figures in results.items()
+        },
         "results": results,
         "results_per_round": rounds,
         "ratios_vs_baseline": ratios,
