@@ -194,6 +194,12 @@ def _fill(
                 heads[cls] = dq
                 backlog = sum(len(d) for d in dqs)
                 loads[cls] = ClassLoad(backlog, now - dq[0].since)
+        if not loads:
+            # Nothing fits: the round is over, but the classes still have work. Asking
+            # the scheduler with no class would reset every floor and credit (a class
+            # without work earns nothing), so a pool freeing one slot a round would
+            # dispatch VIP every time and starve the others.
+            return
         chosen = scheduler.next(loads)
         if chosen is None:
             return

@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -60,6 +60,7 @@ from services.admission.bucket import (
     redis_clock,
 )
 from services.common.failures import StoreUnavailable
+from services.common.lua import Lua
 from services.common.topics import RedisKeys
 
 __all__ = [
@@ -218,7 +219,7 @@ class RedisQuota:
         self._redis = redis
         self._prefix = key_prefix
         self._margin = ttl_margin_ms
-        self._script = redis.register_script(SCRIPT)
+        self._script = Lua(redis, SCRIPT)
 
     def _args(
         self,
@@ -276,12 +277,8 @@ class RedisQuota:
         """Several charges in one round trip (a pipeline of EVALSHAs, each atomic)."""
         if not charges:
             return []
-        calls = [self._take_call(c) for c in charges]
         with _store_errors():
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for keys, args in calls:
-                    await self._script(keys=keys, args=args, client=pipe)
-                replies: list[Any] = await pipe.execute()
+            replies = await self._script.many([self._take_call(c) for c in charges])
         return [self._charged(c, r) for c, r in zip(charges, replies, strict=True)]
 
     async def adjust(self, tenant: str, config: TierConfig, tokens_delta: float) -> Adjustment:
@@ -290,6 +287,6 @@ class RedisQuota:
         key = quota_key(self._prefix, tenant, "tokens")
         args = self._args("adjust", [(tokens_delta, config.tokens)])
         with _store_errors():
-            reply = await self._script(keys=[key], args=args)
+            reply = await self._script([key], args)
         _, now, _, _, (state,) = _parse(cast(Sequence[bytes | str], reply))
         return Adjustment(now, assess(state, 0.0, config.tokens, allowed=True))

@@ -32,6 +32,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from services.common.lua import Lua
 from services.common.topics import RedisKeys
 
 SCRIPT = resources.files("services.workers").joinpath("claims.lua").read_text(encoding="utf-8")
@@ -81,7 +82,7 @@ class Claims:
         self._keys = keys
         self.worker_id = worker_id
         self.lease_s = lease_s
-        self._script = redis.register_script(SCRIPT)
+        self._script = Lua(redis, SCRIPT)
 
     def _args(self, op: str, ttl_s: float = 0.0, generation: int = 0) -> list[str | int]:
         return [op, self.worker_id, int(self.lease_s * 1000), max(1, int(ttl_s * 1000)), generation]
@@ -90,7 +91,7 @@ class Claims:
         """Take the request (see the module notes); ``ttl_s``: how long the record of it
         is kept, at least until the request's deadline."""
         key = self._keys.work(tenant, request_id)
-        reply = await self._script(keys=[key], args=self._args("claim", ttl_s))
+        reply = await self._script([key], self._args("claim", ttl_s))
         kind = _text(reply[0])
         if kind == "claimed":
             return Claimed(int(_text(reply[1])), int(reply[2]))
@@ -105,21 +106,20 @@ class Claims:
         the caller's (it ran out and another worker took the request over)."""
         if not held:
             return []
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for h in held:
-                key = self._keys.work(h.tenant, h.request_id)
-                await self._script(
-                    keys=[key], args=self._args("renew", 0, h.generation), client=pipe
-                )
-            replies: list[Any] = await pipe.execute()
+        replies = await self._script.many(
+            [
+                ([self._keys.work(h.tenant, h.request_id)], self._args("renew", 0, h.generation))
+                for h in held
+            ]
+        )
         return [int(r) == 1 for r in replies]
 
     async def done(self, held: Held, ttl_s: float) -> None:
         """The terminal reply of ``held`` is delivered: nobody generates it again."""
         key = self._keys.work(held.tenant, held.request_id)
-        await self._script(keys=[key], args=self._args("done", ttl_s, held.generation))
+        await self._script([key], self._args("done", ttl_s, held.generation))
 
     async def release(self, held: Held) -> None:
         """Give the lease up early, so that whoever gets the request next need not wait."""
         key = self._keys.work(held.tenant, held.request_id)
-        await self._script(keys=[key], args=self._args("release", 0, held.generation))
+        await self._script([key], self._args("release", 0, held.generation))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from schemas import BreakerLevel, BreakerState, DegradationLevel, Evidence, Priority
 from services.admission.bucket import DEFAULT_TIERS
-from services.admission.capacity import FleetCapacity
+from services.admission.capacity import CapacityConfig, FleetCapacity
 from services.admission.dispatching import pick, take_oldest
 from services.admission.policy import AdmissionPolicy, PolicyConfig
 from services.admission.scheduler import PriorityScheduler
@@ -136,3 +136,23 @@ def test_take_oldest_takes_the_longest_waiting_across_queues(
     taken = take_oldest(dqs, n)
     assert [item.since for item in taken] == everything[: min(n, len(everything))]
     assert sum(len(dq) for dq in dqs) == len(everything) - len(taken)
+
+
+def test_a_pool_with_one_free_slot_a_round_still_gives_bulk_its_share() -> None:
+    """A saturated pool frees one slot at a time: each round dispatches one request, and
+    a round ending because nothing more fits is not a class running out of work (which
+    would reset the scheduler's floors and credits every round and starve bulk)."""
+    qs = queues((BULK, "main", 200, -9.0), (VIP, "main", 200, -1.0))
+    policy = AdmissionPolicy(PolicyConfig(tiers=DEFAULT_TIERS, pools=POOLS))
+    schedulers = {pool: PriorityScheduler() for pool in POOLS}
+    order: list[str] = []
+    for round_ in range(100):
+        # a worker running 3 of its 4 and no slack: exactly one request fits the round
+        cap = FleetCapacity(CapacityConfig(slack=0))
+        cap.report("w-main", "main", batch_limit=4, in_flight=3, now=0.0)
+        picked = pick(qs, POOLS, policy, control(), cap, schedulers, now=0.0).picked
+        assert len(picked) == 1
+        order.append(picked[0].name.split("/")[0])
+    # bulk's floor guarantees more than 100 x 5 % - 2; its weight (1 of 7 against VIP's
+    # 6, boosted by its wait) gives it far more
+    assert order.count("bulk") >= 10
