@@ -1,7 +1,8 @@
 -- seawall quota buckets: services/admission/bucket.py's model, run atomically in Redis.
 --
--- KEYS     one hash per bucket (fields tokens, burst, ts, all in one key); with a
---          marker (ARGV[4] > 0) the last key is the request's idempotency marker
+-- KEYS     one hash per bucket (fields tokens, burst, ts, all in one key); then, with a
+--          marker (ARGV[4] > 0), the request's idempotency marker; then, with a
+--          reservation (ARGV[5] > 0), the request's reservation key
 -- ARGV[1]  'take'   a charge: every bucket pays its cost, or none does
 --          'adjust' apply a signed correction to every bucket (outcome 'adjusted')
 -- ARGV[2]  TTL margin in milliseconds
@@ -12,6 +13,9 @@
 -- ARGV[4]  take: the marker's TTL in milliseconds (0: no marker). A marker that
 --          exists means this request was charged before: its outcomes are returned
 --          again (replayed) and nothing is spent or written.
+-- ARGV[5]  take: the reservation's TTL in milliseconds (0: none). When the charge is
+--          made, the tokens charged to the tenant (its last bucket's cost) are written
+--          there, for the completion's correction, if they are more than 0.
 -- then five per bucket: cost (or delta), capacity, rate, burst_capacity, burst_rate
 --
 -- Returns {tenant outcome, TIME seconds, TIME microseconds, region outcome (or ''),
@@ -24,6 +28,7 @@ local mode = ARGV[1]
 local margin = tonumber(ARGV[2])
 local split = tonumber(ARGV[3])
 local marker_ttl = tonumber(ARGV[4])
+local reservation_ttl = tonumber(ARGV[5])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 
@@ -32,6 +37,11 @@ local function fmt(x)
 end
 
 local nbuckets = #KEYS
+local reservation = nil
+if mode == 'take' and reservation_ttl > 0 then
+  reservation = KEYS[nbuckets]
+  nbuckets = nbuckets - 1
+end
 local marker = nil
 if mode == 'take' and marker_ttl > 0 then
   marker = KEYS[nbuckets]
@@ -40,7 +50,7 @@ end
 
 local buckets = {}
 for i = 1, nbuckets do
-  local a = 4 + (i - 1) * 5
+  local a = 5 + (i - 1) * 5
   local b = {
     cost = tonumber(ARGV[a + 1]),
     cap = tonumber(ARGV[a + 2]),
@@ -110,6 +120,10 @@ if mode == 'take' then
         b.burst = b.burst - (b.cost - b.tokens)
         b.tokens = 0
       end
+    end
+    local reserved = buckets[nbuckets].cost
+    if reservation and reserved > 0 then
+      redis.call('SET', reservation, fmt(reserved), 'PX', string.format('%d', reservation_ttl))
     end
   end
   if marker then

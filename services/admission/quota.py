@@ -16,7 +16,10 @@ tenant keys an operator co-locates.
 Idempotent: a charge may carry its request's marker key (``RedisKeys.admitted``, in the
 tenant's slot). The script records the outcomes there (with a TTL past the request's
 deadline); a request charged again — redelivered after a crash, or produced twice —
-gets the same outcomes back (``Charged.replayed``) and pays nothing.
+gets the same outcomes back (``Charged.replayed``) and pays nothing. A charge may also
+carry its request's reservation key (``RedisKeys.reservation``, in the tenant's slot):
+the tokens it charged the tenant are written there in the same step, so a charge is
+never made without the record its completion corrects it from.
 
 When Redis cannot be reached the methods raise ``QuotaUnavailable``; the caller then
 applies ``on_redis_down``, the per-tier fallback:
@@ -148,6 +151,11 @@ class Charge:
     marker: str | None = None
     """The request's marker key (``RedisKeys.admitted``)."""
     marker_ttl_ms: int = 0
+    reservation: str | None = None
+    """The request's reservation key (``RedisKeys.reservation``): when the charge is
+    made, the tokens charged to the tenant are written there, in the same atomic step,
+    for its completion's correction (``None``: not recorded)."""
+    reservation_ttl_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +235,15 @@ class RedisQuota:
         items: Sequence[tuple[float, Limit]],
         split: int = 0,
         marker_ttl_ms: int = 0,
+        reservation_ttl_ms: int = 0,
     ) -> list[str | int | float]:
-        args: list[str | int | float] = [mode, self._margin, split, marker_ttl_ms]
+        args: list[str | int | float] = [
+            mode,
+            self._margin,
+            split,
+            marker_ttl_ms,
+            reservation_ttl_ms,
+        ]
         for cost, lim in items:
             args += [cost, lim.capacity, lim.rate, lim.burst_capacity, lim.burst_rate]
         return args
@@ -242,12 +257,15 @@ class RedisQuota:
             check_cost(item.tokens)
             keys += [key(self._prefix, item.tenant, d) for d in DIMENSIONS]
             items += [(item.costs[d], item.config.limit(d)) for d in DIMENSIONS]
-        ttl = 0
+        ttl = reservation_ttl = 0
         if charge.marker is not None:
             keys.append(charge.marker)
             ttl = max(1, charge.marker_ttl_ms)
+        if charge.reservation is not None:
+            keys.append(charge.reservation)
+            reservation_ttl = max(1, charge.reservation_ttl_ms)
         split = len(DIMENSIONS) if charge.region is not None else 0
-        return keys, self._args("take", items, split, ttl)
+        return keys, self._args("take", items, split, ttl, reservation_ttl)
 
     @staticmethod
     def _charged(charge: Charge, reply: Sequence[bytes | str]) -> Charged:

@@ -456,9 +456,7 @@ class Admission(Component):
                 screened.append((tp, offset, request, cls, verdict))
         if not screened:
             return
-        charged = await self._charge(
-            [Charge(s.tenant, s.region, *self._marker(r, now)) for _, _, r, _, s in screened]
-        )
+        charged = await self._charge([self._charge_of(r, s, now) for _, _, r, _, s in screened])
         now = self.clock.time()
         accepted: list[_Waiting] = []
         for i, (tp, offset, request, cls, s) in enumerate(screened):
@@ -479,21 +477,27 @@ class Admission(Component):
                 accepted.append(
                     _Waiting(tp, offset, request, cls, judged, self.clock.monotonic(), c.replayed)
                 )
-        await self._reserve(
-            w for w in accepted if w.accepted.reserved_tokens > 0 and not w.replayed
-        )
         for w in accepted:
             self._queues[(w.lane, w.accepted.pool)].append(w)
             self._buffered[w.source] += 1
         self.wake()
 
-    def _marker(self, request: InferenceRequest, now: float) -> tuple[str, int]:
-        """The request's charge marker and its TTL: past its deadline (plus a margin)."""
+    def _charge_of(self, request: InferenceRequest, screened: Screened, now: float) -> Charge:
+        """The request's charge, with its marker (kept past its deadline, plus a margin)
+        and its reservation record."""
         if request.deadline_at is not None:
             life_s = max(0.0, request.deadline_at - now) + MARKER_MARGIN_S
         else:
             life_s = self.settings.reservation_ttl_s
-        return self.keys.admitted(request.tenant, request.request_id), int(life_s * 1000)
+        tenant, rid = request.tenant, request.request_id
+        return Charge(
+            screened.tenant,
+            screened.region,
+            self.keys.admitted(tenant, rid),
+            int(life_s * 1000),
+            self.keys.reservation(tenant, rid),
+            int(self.settings.reservation_ttl_s * 1000),
+        )
 
     async def _charge(self, charges: list[Charge]) -> list[Charged] | None:
         """One pipelined round of quota charges; ``None`` when Redis is unreachable."""
@@ -519,22 +523,6 @@ class Admission(Component):
                     },
                 )
         return charged
-
-    async def _reserve(self, waiting: Iterable[_Waiting]) -> None:
-        """Remember each request's reserved tokens for its completion's correction."""
-        ttl_ms = int(self.settings.reservation_ttl_s * 1000)
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for w in waiting:
-                    r = w.request
-                    key = self.keys.reservation(r.tenant, r.request_id)
-                    pipe.set(key, repr(w.accepted.reserved_tokens), px=ttl_ms)
-                await pipe.execute()
-        except _STORE_ERRORS as e:
-            # Without the record the completion corrects nothing: the tenant stays
-            # charged the full reservation (stricter, never looser).
-            m.QUOTA_STORE_ERRORS.labels("reserve").inc()
-            log.warning("could not record token reservations", extra={"error": str(e)})
 
     # -- dispatch --------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:

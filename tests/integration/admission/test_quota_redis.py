@@ -332,3 +332,36 @@ async def test_a_charged_request_is_not_charged_again(client: aioredis.Redis, pr
     ]
     assert b.tenant.dimensions["requests"].state.tokens == pytest.approx(99, abs=0.01)
     assert b_again.replayed
+
+
+async def test_a_charge_records_its_reservation_in_the_same_step(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    """The tokens charged to the tenant are written to the request's reservation key by
+    the script itself: a refused, a replayed or a tokenless charge writes none."""
+    cfg = TierConfig(Tier.BASIC, Limit(2, 0.001), Limit(10_000, 0.001))
+    quota = RedisQuota(client, prefix)
+    keys = RedisKeys(prefix)
+
+    def charge_of(rid: str, tokens: float = 250.5) -> Charge:
+        return Charge(
+            QuotaRequest("acme", cfg, 1, tokens),
+            None,
+            keys.admitted("acme", rid),
+            5_000,
+            keys.reservation("acme", rid),
+            7_000,
+        )
+
+    charged = await quota.charge_many([charge_of("r1"), charge_of("r2", tokens=0)])
+    assert [c.tenant.outcome for c in charged] == ["admit", "admit"]
+    assert float(await client.get(keys.reservation("acme", "r1"))) == 250.5
+    assert 5_000 < await client.pttl(keys.reservation("acme", "r1")) <= 7_000
+    assert await client.get(keys.reservation("acme", "r2")) is None  # nothing reserved
+    await client.delete(keys.reservation("acme", "r1"))  # as a completion takes it
+    (replayed,) = await quota.charge_many([charge_of("r1")])
+    assert replayed.replayed
+    assert await client.get(keys.reservation("acme", "r1")) is None  # not written again
+    (refused,) = await quota.charge_many([charge_of("r3")])  # the requests bucket is empty
+    assert refused.tenant.outcome == "reject"
+    assert await client.get(keys.reservation("acme", "r3")) is None

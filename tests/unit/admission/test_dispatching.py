@@ -146,7 +146,7 @@ def test_a_pool_with_one_free_slot_a_round_still_gives_bulk_its_share() -> None:
     policy = AdmissionPolicy(PolicyConfig(tiers=DEFAULT_TIERS, pools=POOLS))
     schedulers = {pool: PriorityScheduler() for pool in POOLS}
     order: list[str] = []
-    for round_ in range(100):
+    for _ in range(100):
         # a worker running 3 of its 4 and no slack: exactly one request fits the round
         cap = FleetCapacity(CapacityConfig(slack=0))
         cap.report("w-main", "main", batch_limit=4, in_flight=3, now=0.0)
