@@ -324,6 +324,11 @@ def spawn_controller(
     # a longer window than the other tests: the restarted controller's windows refill
     # well within the recovery holds even on a loaded machine
     env["SEAWALL_CONTROLLER_TIME_SCALE"] = "0.1"
+    # Decisions must outlive a restart, as in production (60 s against a restart of
+    # about twice the group session): a restarted controller rejoins its group after
+    # about 12 s here, more on a loaded machine, and with 10 s the killed controller's
+    # decisions expired at the worker first (its limit went back to its default).
+    env["SEAWALL_CONTROLLER_VALID_FOR_S"] = "30"
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "services.controller"],
