@@ -10,7 +10,9 @@ the control topic, latest ``seq`` wins); "applied" is the moment its ``on_change
 callback fires in that process, which is where ``Admission._on_control`` and
 ``Worker._on_control`` run. This script plays one fake worker (``bench-w1`` in pool
 ``main``) that reports like a real one (heartbeat, engine stats, GPU stats and completed
-requests every ``50 × time_scale`` s, longer than the scaled GPU windows).
+requests every ``50 × time_scale`` s, longer than the scaled GPU windows), keyed by its
+pool as workers key theirs (so the controller decides each record on the partition it
+reads it from).
 
 Per trial, once both followers have seen the pool and the worker healthy again, one GPU
 sample is hot and leaking: 95 °C (the degradation ladder's rung 3 trips above 85 °C on
@@ -19,11 +21,11 @@ applies) and all of the memory headroom in use (the breaker's GPU-memory row tri
 85 % on the window's mean → ``BreakerState`` open at level 4, emergency restart, for
 ``worker:bench-w1``, which the worker applies). Neither trigger has a trip hold, so what
 is measured is the loop, not the policy's patience: telemetry topic → the controller's
-route agent → its by-pool topic → its decide agent → the next tick → changelog flush →
-control topic → the follower. The trigger is the only GPU sample in its window: none
-for ``QUIET_ROUNDS`` rounds before it, none after it until both reactions were seen.
-Healthy samples then resume, and the next trial waits for the recovery (level 0, the
-breaker closed after the half-open probes).
+route agent (which decides a record on its pool's partition itself) → the evaluation
+the record causes → changelog flush → control topic → the follower. The trigger is the
+only GPU sample in its window: none for ``QUIET_ROUNDS`` rounds before it, none after
+it until both reactions were seen. Healthy samples then resume, and the next trial
+waits for the recovery (level 0, the breaker closed after the half-open probes).
 
 - ``t0``: the broker acked the trigger record (``time.time()`` in this process);
 - ``t1``: ``on_change`` fired for the resulting event in the follower process
@@ -294,7 +296,7 @@ class FakeWorker:
         """One round, its GPU sample (none if ``hot`` is None) sent first; returns when
         the broker acked that sample."""
         now = time.time()
-        key = WORKER.encode()
+        key = POOL.encode()  # as seawall's workers key theirs: the pool's partition
         messages: list[GpuStats | WorkerHeartbeat | EngineStats | RequestCompleted] = []
         if hot is not None:
             temperature_c, memory_share = (
