@@ -95,6 +95,7 @@ async def seed_tenants(
                     mapping={
                         "tenant": tenant,
                         "key_hash": record.key_hash,
+                        "signing_key": record.signing_key,
                         "created_at": repr(record.created_at),
                     },
                 )

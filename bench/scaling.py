@@ -104,6 +104,25 @@ def print_report(doc: dict[str, Any]) -> None:
     print(f"baseline: trivial EVALSHA in the same pipelined rounds, {base:.0f}/s")
 
 
+def within_1s(figures: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Per number of controller processes, the most workers whose every hot-GPU trigger
+    became a decision read within 1 s and whose backlog was not growing (``None``:
+    not even the smallest scale)."""
+    out: dict[str, int | None] = {}
+    for controllers in (1, 2):
+        fit = [
+            f["workers"]
+            for f in figures
+            if f["controllers"] == controllers
+            and f["reactions"]
+            and not f["missed"]
+            and not f["behind"]
+            and (f["reaction_ms"]["max"] or 0.0) <= 1000.0
+        ]
+        out[str(controllers)] = max(fit, default=None)
+    return out
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     async with embedded_broker(workdir) as bootstrap:
         bench = Bench(args, bootstrap, workdir)
@@ -178,6 +197,8 @@ def main() -> int:
         },
         "machine": machine(load_before, broker=EMBEDDED_BROKER),
         "elapsed_s": elapsed,
+        # the figure issue 15 compares from run to run
+        "max_workers_within_1s_reaction": within_1s(doc["controller"]["figures"]),
         **doc,
     }
     print_report(doc)

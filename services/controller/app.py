@@ -68,6 +68,12 @@ from services.controller.settings import ControllerSettings
 from services.controller.transport import App
 
 log = logging.getLogger(__name__)
+
+EVALUATION_REST = 4.0
+"""After an evaluation the timer task rests at least this many times as long as it took:
+evaluating takes at most a fifth of the process, the rest is left to reading telemetry.
+(Measured without it: at 1,000 workers in six pools, evaluations every 20 ms left the
+controller deciding 459 records/s where it had decided 2,122.)"""
 R = TypeVar("R", PoolRecord, WorkerRecord)
 
 
@@ -301,8 +307,11 @@ class Controller(Component):
 
     # -- timer -----------------------------------------------------------------
     async def _tick_loop(self) -> None:
-        """Evaluate the pools that got telemetry once the timer task is free (then wait
-        ``controller_react_s``), and every owned pool each ``controller_tick_s``."""
+        """Evaluate the pools that got telemetry once the timer task is free, and every
+        owned pool each ``controller_tick_s``; after each evaluation rest
+        ``controller_react_s``, or ``EVALUATION_REST`` times as long as it took if that is
+        longer, so that evaluating never takes more than a small share of the process
+        from reading telemetry (a pool of hundreds of workers takes tens of ms)."""
         settings = self.settings
         next_tick = time.monotonic() + settings.controller_tick_s
         while True:
@@ -315,12 +324,14 @@ class Controller(Component):
                 reason = self.app.crash_reason or self._worker.crash_reason
                 raise RuntimeError(f"the faust app crashed: {reason!r}")
             touched, self._touched = self._touched, set()
-            full = time.monotonic() >= next_tick
+            started = time.monotonic()
+            full = started >= next_tick
             if full:
-                next_tick = time.monotonic() + settings.controller_tick_s
+                next_tick = started + settings.controller_tick_s
             if self.ready:
                 await (self.tick() if full else self.evaluate(touched))
-            await asyncio.sleep(settings.controller_react_s)
+            took = time.monotonic() - started
+            await asyncio.sleep(max(settings.controller_react_s, EVALUATION_REST * took))
 
     async def tick(self) -> None:
         """Evaluate every pool this instance owns (adopting those it newly owns)."""
