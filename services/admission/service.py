@@ -105,7 +105,7 @@ from services.common.control import ControlFollower, ControlState
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.delivery import Replies, TopicDirectory
 from services.common.failures import Backoff, is_infrastructure
-from services.common.lifecycle import Component, cancel_tasks
+from services.common.lifecycle import Component, cancel_tasks, wait_set
 from services.common.offsets import OffsetTracker
 from services.common.redisclient import make_redis
 from services.common.serde import REQUEST, TELEMETRY, DecodeError, decode, encode
@@ -527,8 +527,7 @@ class Admission(Component):
     # -- dispatch --------------------------------------------------------------------
     async def _dispatch_loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.dispatch_interval_s)
+            await wait_set(self._wake, self.settings.dispatch_interval_s)
             self._wake.clear()
             if await self._dispatch_round():
                 self._backoff.reset()

@@ -94,6 +94,20 @@ class Component:
         await self.stop()
 
 
+async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
+    """Whether ``event`` was set within ``timeout_s``: the wait of a loop that also
+    wakes on a timer. Not ``asyncio.wait_for``: before Python 3.12 it can swallow a
+    cancellation that arrives just as the event is set, and a loop built on it then
+    never stops (seen: admission's dispatch task still looping, "cancelling", at
+    shutdown, until the test's timeout)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 async def cancel_tasks(tasks: set[asyncio.Task[Any]]) -> None:
     pending = [t for t in tasks if not t.done()]
     for t in pending:

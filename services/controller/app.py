@@ -12,9 +12,10 @@ app's internal topic ``<app id>-telemetry-by-pool``, keyed by pool, where the ``
 agent reads it. Deciding feeds the record to that pool's ``PoolEngine``; a timer task
 evaluates every owned pool each ``controller_tick_s`` (holds advance and heartbeat loss
 shows without telemetry) and re-publishes the decisions in force; a pool that got
-telemetry is evaluated as soon as the timer task is free, at most once per
-``controller_react_s``, so a threshold crossed is decided within one broker hop and
-that spacing, not at the next tick. Control events go to
+telemetry is evaluated as soon as the timer task is free (it rests
+``controller_react_s`` between evaluations, or ``EVALUATION_REST`` times as long as the
+last one took), so a threshold crossed is decided within one broker hop and that rest,
+not at the next tick. Control events go to
 ``llm.control`` keyed by ``<kind>/<scope>``.
 
 State: the ``decisions`` table (changelog-backed) holds each pool's ``PoolRecord`` under
@@ -39,7 +40,6 @@ No Kafka transactions (the embedded broker has none): at-least-once processing, 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import tempfile
@@ -59,7 +59,7 @@ from services.common.bus import ensure_topics, make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.failures import is_infrastructure
-from services.common.lifecycle import Component, cancel_tasks
+from services.common.lifecycle import Component, cancel_tasks, wait_set
 from services.common.serde import TELEMETRY, DecodeError, decode, encode
 from services.controller import metrics as m
 from services.controller.engine import Output, PoolEngine, PoolRecord, WorkerRecord
@@ -315,10 +315,7 @@ class Controller(Component):
         settings = self.settings
         next_tick = time.monotonic() + settings.controller_tick_s
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._telemetry_seen.wait(), max(0.0, next_tick - time.monotonic())
-                )
+            await wait_set(self._telemetry_seen, max(0.0, next_tick - time.monotonic()))
             self._telemetry_seen.clear()
             if self._worker.crashed or self.app.crashed:
                 reason = self.app.crash_reason or self._worker.crash_reason

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from services.common.lifecycle import Component
+from services.common.lifecycle import Component, wait_set
 
 
 class Looper(Component):
@@ -62,3 +62,33 @@ async def test_a_failed_start_cleans_up() -> None:
         await c.start()
     assert _component_tasks() == []
     assert c.stops == 1
+
+
+async def test_a_loop_waiting_on_an_event_stops_when_cancelled_as_the_event_is_set() -> None:
+    """The race ``asyncio.wait_for`` loses on Python 3.11: the cancellation arrives in
+    the same loop iteration as the event it waits for, and the loop would go on."""
+    event = asyncio.Event()
+    rounds = 0
+
+    async def loop() -> None:
+        nonlocal rounds
+        while True:
+            await wait_set(event, 10.0)
+            event.clear()
+            rounds += 1
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0)  # the loop waits on the event
+    event.set()
+    task.cancel()
+    async with asyncio.timeout(5):
+        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+    assert isinstance(outcome, asyncio.CancelledError)
+    assert rounds == 0
+
+
+async def test_wait_set_says_whether_the_event_came_in_time() -> None:
+    event = asyncio.Event()
+    assert await wait_set(event, 0.01) is False
+    event.set()
+    assert await wait_set(event, 0.01) is True
