@@ -25,9 +25,9 @@ request refused after it was charged is refunded. Workers, as
 ``services.workers.service``: at most ``batch_limit`` in flight (from ``BatchLimit``
 events, within ``max_num_seqs``), a request past its deadline when it starts is expired,
 a static-reply degradation answers without the engine, a truncation caps ``max_tokens``;
-``RequestCompleted`` per request and engine, GPU and heartbeat reports every
-``telemetry_interval_s``. An emergency restart cannot be ordered here (the simulated GPUs
-do not leak memory) and would stop the run.
+``RequestCompleted`` per request and a ``WorkerReport`` (engine, GPU, heartbeat and the
+summary of the requests finished) every ``telemetry_interval_s``. An emergency restart
+cannot be ordered here (the simulated GPUs do not leak memory) and would stop the run.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from schemas import (
     SamplingParams,
     TelemetryEvent,
     WorkerHeartbeat,
+    WorkerReport,
 )
 from services.admission.bucket import BucketState, Dimension, adjust, decide
 from services.admission.capacity import FleetCapacity, Placement
@@ -84,6 +85,7 @@ from services.workers.engine.sim_core import SimCore
 from services.workers.reports import gpu_stats, limits_info
 from services.workers.service import ENGINE_PRIORITY, degraded_reason, max_output_tokens
 from services.workers.settings import WorkerSettings
+from services.workers.summary import RequestSummarizer
 
 POOLS: Final = ("main", "small")
 REPLY_TO: Final = "bench.incident.replies"
@@ -177,6 +179,8 @@ class _Worker:
         self.engine = VirtualEngine(run.loop, core, self._done)
         self.batch_limit = min(WORKER.batch_limit, core.config.max_num_seqs)
         self.started_at = run.clock.time()
+        self.completed_total = 0
+        self.summary = RequestSummarizer(self.started_at)
         self.serving: dict[str, tuple[DispatchedRequest, float]] = {}
         """Request id → its dispatch and when this worker started it (loop time)."""
         self.partition: deque[DispatchedRequest] = deque()
@@ -217,7 +221,11 @@ class _Worker:
         run, now = self.run, self.run.loop.now
         arrival = run.arrivals[rid]
         run.to_client(arrival, kind, code.value)
-        run.telemetry(
+        self.completed_total += 1
+        ttft_ms = None if first is None else (first - started) * 1000
+        prompt_tokens = arrival.prompt_tokens if kind in ("ok", "degraded") else 0
+        self.summary.add((now - started) * 1000, True, ttft_ms, prompt_tokens, tokens)
+        run.completion(
             RequestCompleted(
                 worker_id=self.id,
                 pool=self.pool,
@@ -226,49 +234,54 @@ class _Worker:
                 priority=d.request.priority,
                 tier=d.request.tier,
                 queue_wait_ms=min(86_400_000, max(0.0, EPOCH + started - d.admitted_at) * 1000),
-                ttft_ms=None if first is None else (first - started) * 1000,
+                ttft_ms=ttft_ms,
                 latency_ms=(now - started) * 1000,
-                prompt_tokens=arrival.prompt_tokens if kind in ("ok", "degraded") else 0,
+                prompt_tokens=prompt_tokens,
                 completion_tokens=tokens,
                 at=EPOCH + now,
+                seq=self.completed_total,
             )
         )
         run.loop.at(now, self.fetch)  # a slot is free (not nested: start may finish at once)
 
     def report(self) -> None:
-        """The worker's telemetry round: engine stats, the GPU, a heartbeat."""
+        """The worker's telemetry round: one report of its engine, its GPU, a heartbeat
+        and the requests it finished since the last."""
         run, core = self.run, self.engine.core
         stats, gpu = core.stats(run.loop.now), core.gpu_reading(run.loop.now)
         limits = core.config.limits()
         in_flight = len(self.serving)
         common: dict[str, Any] = {"worker_id": self.id, "pool": self.pool, "at": run.clock.time()}
+        counted = {"in_flight": in_flight, "completed_total": self.completed_total}
         run.telemetry(
-            EngineStats(
+            WorkerReport(
                 **common,
-                engine="sim",
-                running=stats.running,
-                waiting=stats.waiting,
-                preempted_total=stats.preempted_total,
-                kv_cache_usage=stats.kv_cache_usage,
-                in_flight=in_flight,
-                batch_limit=self.batch_limit,
-                limits=limits_info(limits),
-                prefill_pending_tokens=self.engine.prefill_pending_tokens,
-                prefilled_tokens_total=self.engine.prefilled_tokens_total,
-            )
-        )
-        run.telemetry(gpu_stats(replace(gpu, simulated=True), self.id, self.pool, common["at"]))
-        run.telemetry(
-            WorkerHeartbeat(
-                **common,
-                engine="sim",
-                status="serving",
-                in_flight=in_flight,
-                batch_limit=self.batch_limit,
-                host_cpu_pct=HOST_CPU_PCT,
-                host_memory_pct=HOST_MEMORY_PCT,
-                started_at=self.started_at,
-                partitions=(self.index,),
+                engine=EngineStats(
+                    **common,
+                    **counted,
+                    engine="sim",
+                    running=stats.running,
+                    waiting=stats.waiting,
+                    preempted_total=stats.preempted_total,
+                    kv_cache_usage=stats.kv_cache_usage,
+                    batch_limit=self.batch_limit,
+                    limits=limits_info(limits),
+                    prefill_pending_tokens=self.engine.prefill_pending_tokens,
+                    prefilled_tokens_total=self.engine.prefilled_tokens_total,
+                ),
+                gpus=(gpu_stats(replace(gpu, simulated=True), self.id, self.pool, common["at"]),),
+                heartbeat=WorkerHeartbeat(
+                    **common,
+                    **counted,
+                    engine="sim",
+                    status="serving",
+                    batch_limit=self.batch_limit,
+                    host_cpu_pct=HOST_CPU_PCT,
+                    host_memory_pct=HOST_MEMORY_PCT,
+                    started_at=self.started_at,
+                    partitions=(self.index,),
+                ),
+                requests=self.summary.take(common["at"]),
             )
         )
 
@@ -505,15 +518,22 @@ class SeawallRun:
         if engine is None:
             engine = self.pool_engines[event.pool] = PoolEngine(event.pool, self.engine_config, now)
         self._publish(engine.observe(event, now))
-        # ... and admission (its telemetry and corrections loops)
+        # ... and admission (its telemetry loop)
         self.capacity.observe(event, self.clock.monotonic())
-        if isinstance(event, EngineStats | WorkerHeartbeat):
-            self._wake()
-        elif isinstance(event, RequestCompleted):
-            arrival = self.arrivals[event.request_id]
-            actual = event.prompt_tokens + event.completion_tokens
-            self._settle(event.request_id, event.tenant, arrival, actual)
-            self._wake()
+        self._wake()
+
+    def completion(self, event: RequestCompleted) -> None:
+        self.hop(lambda: self._complete(event))
+
+    def _complete(self, event: RequestCompleted) -> None:
+        """Admission's telemetry loop (the slot) and its corrections loop (the tokens)."""
+        self.capacity.completed(
+            event.worker_id, event.request_id, self.clock.monotonic(), event.seq
+        )
+        arrival = self.arrivals[event.request_id]
+        actual = event.prompt_tokens + event.completion_tokens
+        self._settle(event.request_id, event.tenant, arrival, actual)
+        self._wake()
 
     # -- the controller ------------------------------------------------------------------
     def _tick(self) -> None:

@@ -4,11 +4,13 @@ On the embedded broker (Tansu, started on a free port and stopped at the end). E
 has a topic prefix of its own (fresh topics, a fresh consumer group) and runs:
 
 - a *load generator* process (``_scaling_fleet``) playing ``W`` synthetic workers
-  without engines, each sending a worker's telemetry every second plus one
-  ``RequestCompleted`` per finished request, ``--requests-per-worker`` per second
-  (default 13.2: the vLLM saturation of one GPU serving a 7B model that
-  ``CALIBRATION.md`` cites: a busy fleet); its achieved send rate is measured and
-  reported.
+  without engines, each sending a worker's ``WorkerReport`` every second (its readings
+  and the summary of the requests it finished) to the telemetry topic, and one
+  ``RequestCompleted`` per finished request to the completions topic,
+  ``--requests-per-worker`` per second (default 13.2: the vLLM saturation of one GPU
+  serving a 7B model that ``CALIBRATION.md`` cites: a busy fleet); its achieved send
+  rates are measured and reported (*sent*: telemetry records, what the controller
+  reads).
 - the reader: either a *bare consumer* (one ``AIOKafkaConsumer`` with every partition
   assigned, reading and committing to its own group every second, nothing else: the
   baseline), or one or two *controller processes* (``python -m services.controller``, as
@@ -286,6 +288,9 @@ class Phase:
     startup_s: float = 0.0
     sent: int = 0
     sent_per_s: float = 0.0
+    completions_per_s: float = 0.0
+    """``RequestCompleted`` sent to the completions topic (the controller does not read
+    them; the broker carries them)."""
     generator_cpu_s: float = 0.0
     duration_s: float = 0.0
     samples: list[dict[str, float]] = field(default_factory=list)
@@ -354,6 +359,7 @@ def analyse(phase: Phase) -> dict[str, Any]:
         "controllers": phase.controllers,
         "offered_per_s": phase.offered_per_s,
         "sent_per_s": phase.sent_per_s,
+        "completions_per_s": phase.completions_per_s,
         "sent_vs_offered": ratio(phase.sent_per_s, phase.offered_per_s),
         "generator_cpu_share": ratio(phase.generator_cpu_s, phase.duration_s),
         "processed_per_s": processed,
@@ -385,11 +391,11 @@ def record_cost(workers: int) -> dict[str, float]:
     stamp = repr(now).encode()
     first_sight = 0
     for i in range(workers):
-        for raw in SyntheticWorker(i, ("bench-pool",), PARTITIONS).round(stamp, 0.0):
-            engine.observe(decode(TELEMETRY, raw), now)
-            changed = engine.take_records()
-            first_sight += sum(len(encode(r)) for r in changed.workers.values() if r is not None)
-            first_sight += len(encode(changed.pool)) if changed.pool is not None else 0
+        report, _ = SyntheticWorker(i, ("bench-pool",), PARTITIONS, 0.0).round(stamp, 0.0)
+        engine.observe(decode(TELEMETRY, report), now)
+        changed = engine.take_records()
+        first_sight += sum(len(encode(r)) for r in changed.workers.values() if r is not None)
+        first_sight += len(encode(changed.pool)) if changed.pool is not None else 0
     records = engine.records()
     assert records.pool is not None
     worker = next(r for r in records.workers.values() if r is not None)
@@ -457,6 +463,7 @@ class Bench:
         load = Load(
             self.bootstrap,
             topics.telemetry,
+            topics.completions,
             workers,
             self.pools,
             PARTITIONS,
@@ -644,6 +651,7 @@ class Bench:
             await asyncio.gather(sampler, return_exceptions=True)
         phase.sent = stats["sent"]
         phase.sent_per_s = stats["sent"] / stats["elapsed_s"]
+        phase.completions_per_s = stats["completions_sent"] / stats["elapsed_s"]
         phase.generator_cpu_s = stats["cpu_s"]
         phase.duration_s = stats["elapsed_s"]
         if phase.controllers:

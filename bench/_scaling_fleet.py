@@ -2,8 +2,11 @@
 workers without engines.
 
 Each worker sends what ``services/workers/service.py`` sends every
-``telemetry_interval_s`` (1 s, the workers' default) — ``EngineStats``, one ``GpuStats``
-(one GPU), ``WorkerHeartbeat`` — plus one ``RequestCompleted`` per finished request,
+``telemetry_interval_s`` (1 s, the workers' default): one ``WorkerReport`` on the
+telemetry topic — ``EngineStats``, one ``GpuStats`` (one GPU), its heartbeat and the
+``RequestSummary`` of the requests it finished in the interval — and one
+``RequestCompleted`` per finished request on the completions topic (which the
+controller does not read; the broker carries them all the same),
 ``requests_per_worker_s`` per second. Workers are spread evenly over the interval and
 keyed by pool, like real ones. The records are the workers' own models, encoded once
 per worker with ``serde.encode`` and re-stamped per send (``at`` and the request id
@@ -15,11 +18,12 @@ its achieved send rate is measured and reported.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
@@ -29,10 +33,12 @@ from _common import HEALTHY_TEMP_C, completed, engine_stats, gpu_stats, heartbea
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
+from schemas import WorkerReport
 from services.common.bus import make_producer
 from services.common.serde import encode
 from services.common.settings import CommonSettings
 from services.workers.settings import WorkerSettings
+from services.workers.summary import RequestSummarizer
 
 SLOTS = 50
 """The telemetry interval is cut into this many slots; each worker sends in its own."""
@@ -43,6 +49,8 @@ MAX_PENDING_BATCHES = 500
 SENTINEL_AT = 4_000_000_000.25
 SENTINEL_AT_JSON = b"4000000000.25"
 SENTINEL_ID = "bench-request-id-sentinel"
+LATENCY_MS, TTFT_MS, PROMPT_TOKENS, COMPLETION_TOKENS = 900.0, 40.0, 230, 200
+"""Every synthetic request: the same healthy figures."""
 
 
 def partition_of(key: bytes, partitions: int) -> int:
@@ -75,58 +83,74 @@ def pool_of(index: int, pools: Sequence[str]) -> str:
 class SyntheticWorker:
     """One worker's telemetry, encoded once; ``round`` re-stamps it."""
 
-    def __init__(self, index: int, pools: Sequence[str], partitions: int) -> None:
+    def __init__(self, index: int, pools: Sequence[str], partitions: int, requests: float) -> None:
         self.id = worker_id(index)
         pool = pool_of(index, pools)
         self.key = pool.encode()
         self.partition = partition_of(self.key, partitions)
         at = SENTINEL_AT
-        self._stats = [
-            encode(
-                engine_stats(
-                    self.id, pool, at, in_flight=8, kv_cache_usage=0.4, kv_capacity_tokens=119_184
-                )
-            ),
-            encode(gpu_stats(self.id, pool, at, HEALTHY_TEMP_C)),
-            encode(heartbeat(self.id, pool, at, in_flight=8, started_at=time.time())),
-        ]
+        self._reports = {
+            n: encode(self._report(pool, at, n))
+            for n in (math.floor(requests), math.ceil(requests))
+        }
         self._completed = encode(
             completed(
                 self.id,
                 pool,
                 at,
                 SENTINEL_ID,
-                ttft_ms=40.0,
-                latency_ms=900.0,
-                prompt_tokens=230,
-                completion_tokens=200,
+                ttft_ms=TTFT_MS,
+                latency_ms=LATENCY_MS,
+                prompt_tokens=PROMPT_TOKENS,
+                completion_tokens=COMPLETION_TOKENS,
             )
         )
-        if not all(SENTINEL_AT_JSON in t for t in (*self._stats, self._completed)):
+        if not all(SENTINEL_AT_JSON in t for t in (*self._reports.values(), self._completed)):
             raise RuntimeError("the timestamp is not encoded as expected")
         self._debt = random.random()
         self._served = 0
 
-    def round(self, stamp: bytes, requests: float) -> Iterator[bytes]:
-        """One telemetry interval: the stats (in the worker's order), then ``requests``
-        completions on average (the fraction carried over)."""
-        for template in self._stats:
-            yield template.replace(SENTINEL_AT_JSON, stamp)
+    def _report(self, pool: str, at: float, requests: int) -> WorkerReport:
+        summary = RequestSummarizer(at - TELEMETRY_INTERVAL_S)
+        for _ in range(requests):
+            summary.add(LATENCY_MS, True, TTFT_MS, PROMPT_TOKENS, COMPLETION_TOKENS)
+        return WorkerReport(
+            worker_id=self.id,
+            pool=pool,
+            at=at,
+            heartbeat=heartbeat(self.id, pool, at, in_flight=8, started_at=time.time()),
+            engine=engine_stats(
+                self.id, pool, at, in_flight=8, kv_cache_usage=0.4, kv_capacity_tokens=119_184
+            ),
+            gpus=(gpu_stats(self.id, pool, at, HEALTHY_TEMP_C),),
+            requests=summary.take(at),
+        )
+
+    def round(self, stamp: bytes, requests: float) -> tuple[bytes, list[bytes]]:
+        """One telemetry interval: the report, and the completions of the ``requests``
+        it summarizes on average (the fraction carried over)."""
         self._debt += requests
         n = int(self._debt)
         self._debt -= n
+        completions = []
         for _ in range(n):
             self._served += 1
             request_id = b"%s-%d" % (self.id.encode(), self._served)
-            yield self._completed.replace(SENTINEL_AT_JSON, stamp).replace(
-                SENTINEL_ID.encode(), request_id
+            completions.append(
+                self._completed.replace(SENTINEL_AT_JSON, stamp).replace(
+                    SENTINEL_ID.encode(), request_id
+                )
             )
+        # the carried fraction stays in [0, 1): n is the floor or the ceiling of requests
+        return self._reports[n].replace(SENTINEL_AT_JSON, stamp), completions
 
 
 @dataclass(frozen=True)
 class Load:
     bootstrap: str
     topic: str
+    """The telemetry topic: what the controller reads, and what ``sent`` counts."""
+    completions_topic: str
     workers: int
     pools: tuple[str, ...]
     partitions: int
@@ -135,7 +159,12 @@ class Load:
 
     @property
     def offered_per_s(self) -> float:
-        return self.workers * (3 + self.requests_per_worker_s) / TELEMETRY_INTERVAL_S
+        """Telemetry records per second: one report per worker per interval."""
+        return self.workers / TELEMETRY_INTERVAL_S
+
+    @property
+    def completions_per_s(self) -> float:
+        return self.workers * self.requests_per_worker_s
 
 
 def generator_main(load: Load, go: Event, out: Queue[Any]) -> None:
@@ -156,7 +185,10 @@ async def _generate(load: Load, go: Event, out: Queue[Any]) -> None:
     producer = make_producer(settings, linger_ms=5)
     await producer.start()
     try:
-        fleet = [SyntheticWorker(i, load.pools, load.partitions) for i in range(load.workers)]
+        requests = load.requests_per_worker_s * TELEMETRY_INTERVAL_S
+        fleet = [
+            SyntheticWorker(i, load.pools, load.partitions, requests) for i in range(load.workers)
+        ]
         out.put(("ready", None))
         await asyncio.to_thread(go.wait)
         out.put(
@@ -174,35 +206,37 @@ async def _send_rounds(
     slot_s = TELEMETRY_INTERVAL_S / SLOTS
     requests = load.requests_per_worker_s * TELEMETRY_INTERVAL_S
     pending: deque[asyncio.Future[Any]] = deque()
-    batches: dict[int, Any] = {}
+    batches: dict[tuple[str, int], Any] = {}
 
-    async def send(partition: int) -> None:
-        pending.append(
-            await producer.send_batch(batches.pop(partition), load.topic, partition=partition)
-        )
+    async def send(where: tuple[str, int]) -> None:
+        topic, partition = where
+        pending.append(await producer.send_batch(batches.pop(where), topic, partition=partition))
+
+    async def append(where: tuple[str, int], key: bytes, value: bytes) -> None:
+        batch = batches.get(where)
+        if batch is None or batch.append(key=key, value=value, timestamp=None) is None:
+            if batch is not None:
+                await send(where)
+            batch = batches[where] = producer.create_batch()
+            batch.append(key=key, value=value, timestamp=None)
 
     start, cpu_start = time.time(), time.process_time()
     end = start + load.duration_s
-    sent, k, progress = 0, 0, [(0.0, 0)]
+    sent, completions, k, progress = 0, 0, 0, [(0.0, 0)]
     while (due := start + k * slot_s) < end and time.time() < end:
         delay = due - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
         stamp = repr(time.time()).encode()
         for worker in slots[k % SLOTS]:
-            for value in worker.round(stamp, requests):
-                batch = batches.get(worker.partition)
-                if (
-                    batch is None
-                    or batch.append(key=worker.key, value=value, timestamp=None) is None
-                ):
-                    if batch is not None:
-                        await send(worker.partition)
-                    batch = batches[worker.partition] = producer.create_batch()
-                    batch.append(key=worker.key, value=value, timestamp=None)
-                sent += 1
-        for partition in list(batches):
-            await send(partition)
+            report, done = worker.round(stamp, requests)
+            await append((load.topic, worker.partition), worker.key, report)
+            sent += 1
+            for value in done:
+                await append((load.completions_topic, worker.partition), worker.key, value)
+            completions += len(done)
+        for where in list(batches):
+            await send(where)
         while len(pending) > MAX_PENDING_BATCHES:
             await pending.popleft()
         k += 1
@@ -212,6 +246,7 @@ async def _send_rounds(
     await asyncio.gather(*pending)
     return {
         "sent": sent,
+        "completions_sent": completions,
         "elapsed_s": elapsed,
         "cpu_s": time.process_time() - cpu_start,
         "progress": progress,

@@ -66,7 +66,6 @@ from _common import (
     HEALTHY_TEMP_C,
     HOT_TEMP_C,
     RESULTS,
-    completed,
     embedded_broker,
     engine_stats,
     fmt,
@@ -84,16 +83,15 @@ from schemas import (
     BreakerState,
     ControlEvent,
     DegradationLevel,
-    EngineStats,
     Evidence,
     GpuStats,
-    RequestCompleted,
-    WorkerHeartbeat,
+    WorkerReport,
 )
 from services.common.bus import ensure_topics, make_producer, topics_of
 from services.common.control import ControlFollower, ControlState
 from services.common.serde import encode
 from services.common.settings import CommonSettings
+from services.workers.summary import RequestSummarizer
 
 ROLES = ("admission", "worker")
 POOL = "main"
@@ -257,7 +255,6 @@ class FakeWorker:
         self._topic = topic
         self._period_s = period_s
         self._started_at = time.time()
-        self._requests = 0
         self._armed: asyncio.Future[tuple[float, float]] | None = None
         self._idle_s = 0.0
         self._quiet = False
@@ -297,7 +294,7 @@ class FakeWorker:
         the broker acked that sample."""
         now = time.time()
         key = POOL.encode()  # as seawall's workers key theirs: the pool's partition
-        messages: list[GpuStats | WorkerHeartbeat | EngineStats | RequestCompleted] = []
+        messages: list[GpuStats | WorkerReport] = []
         if hot is not None:
             temperature_c, memory_share = (
                 (HOT_TEMP_C, 1.0) if hot else (HEALTHY_TEMP_C, GPU_RESERVED)
@@ -310,27 +307,24 @@ class FakeWorker:
         await asyncio.gather(*sends)
         return acked
 
-    def _others(self, now: float) -> list[WorkerHeartbeat | EngineStats | RequestCompleted]:
-        out: list[WorkerHeartbeat | EngineStats | RequestCompleted] = [
-            heartbeat(WORKER, POOL, now, in_flight=2, started_at=self._started_at),
-            engine_stats(
-                WORKER, POOL, now, in_flight=2, kv_cache_usage=0.2, kv_capacity_tokens=500_000
-            ),
-        ]
+    def _others(self, now: float) -> list[WorkerReport]:
+        """The rest of the worker's report: heartbeat, engine, and its requests (healthy
+        ones: the breaker's half-open probes pass on them)."""
+        summary = RequestSummarizer(now - self._period_s)
         for _ in range(PROBES_PER_SAMPLE):
-            self._requests += 1
-            out.append(
-                completed(
-                    WORKER,
-                    POOL,
-                    now,
-                    f"bench-{self._requests}",
-                    latency_ms=120.0,
-                    prompt_tokens=100,
-                    completion_tokens=50,
-                )
+            summary.add(120.0, True, prompt_tokens=100, completion_tokens=50)
+        return [
+            WorkerReport(
+                worker_id=WORKER,
+                pool=POOL,
+                at=now,
+                heartbeat=heartbeat(WORKER, POOL, now, in_flight=2, started_at=self._started_at),
+                engine=engine_stats(
+                    WORKER, POOL, now, in_flight=2, kv_cache_usage=0.2, kv_capacity_tokens=500_000
+                ),
+                requests=summary.take(now),
             )
-        return out
+        ]
 
 
 # -- the measurement ----------------------------------------------------------------------

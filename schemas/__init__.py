@@ -19,6 +19,7 @@ from schemas.control import (
     TrafficSplit,
 )
 from schemas.deadletter import DeadLetter
+from schemas.hints import QuotaHint
 from schemas.replies import (
     InferenceReply,
     RateLimitInfo,
@@ -43,9 +44,12 @@ from schemas.telemetry import (
     EngineLimitsInfo,
     EngineStats,
     GpuStats,
+    LatencySketch,
     RequestCompleted,
+    RequestSummary,
     TelemetryEvent,
     WorkerHeartbeat,
+    WorkerReport,
 )
 
 TOP_LEVEL: tuple[type[Message], ...] = (
@@ -58,12 +62,14 @@ TOP_LEVEL: tuple[type[Message], ...] = (
     EngineStats,
     GpuStats,
     WorkerHeartbeat,
+    WorkerReport,
     BreakerState,
     DegradationLevel,
     BatchLimit,
     TrafficSplit,
     RegionThrottle,
     QuotaOverride,
+    QuotaHint,
     AuditEvent,
     DeadLetter,
 )
@@ -90,8 +96,10 @@ __all__ = [
     "GpuStats",
     "InferenceReply",
     "InferenceRequest",
+    "LatencySketch",
     "Message",
     "Priority",
+    "QuotaHint",
     "QuotaOverride",
     "RateLimitInfo",
     "ReasonCode",
@@ -100,9 +108,11 @@ __all__ = [
     "ReplyMessage",
     "ReplyStatus",
     "RequestCompleted",
+    "RequestSummary",
     "SamplingParams",
     "TelemetryEvent",
     "Tier",
     "TrafficSplit",
     "WorkerHeartbeat",
+    "WorkerReport",
 ]

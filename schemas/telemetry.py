@@ -1,11 +1,23 @@
-"""What workers report on ``llm.telemetry``, keyed by pool (any key works: the
-controller re-keys what is not on its pool's partition)."""
+"""What workers report.
+
+Two streams, each sized for its readers:
+
+- ``llm.telemetry``, keyed by pool (any key works: the controller re-keys what is not on
+  its pool's partition): one ``WorkerReport`` per worker per report interval — its
+  heartbeat, engine and GPU readings, and a ``RequestSummary`` of the requests it
+  finished in the interval (counts, sums and a mergeable latency sketch). The
+  controller's cost is per worker-second, whatever the request rate. Standalone
+  heartbeats (a status change: draining, stopped) and readings are valid too.
+- ``llm.completions``, keyed by pool: one ``RequestCompleted`` per request, for
+  admission's accounting (the slot it frees, the tokens it actually used). The
+  controller does not read it.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.base import (
     Count,
@@ -14,6 +26,7 @@ from schemas.base import (
     Message,
     Milliseconds,
     Percent,
+    Seconds,
     ShortText,
     Timestamp,
     TokenCount,
@@ -23,7 +36,7 @@ from schemas.requests import Priority, Tier
 
 
 class RequestCompleted(Message):
-    """One per request a worker finished (any outcome)."""
+    """One per request a worker finished (any outcome), on ``llm.completions``."""
 
     type: Literal["request_completed"] = "request_completed"
     worker_id: Ident
@@ -41,6 +54,57 @@ class RequestCompleted(Message):
     completion_tokens: TokenCount
     error: ShortText | None = None
     at: Timestamp
+    seq: Count = 0
+    """The worker's count of finished requests, this one included (0: not counted). A
+    report's ``completed_total`` says which completions it already reflects: the two
+    streams are separate topics, read in no common order."""
+
+
+SKETCH_RELATIVE_ACCURACY = 0.01
+"""The relative accuracy of every latency sketch on the wire: sketches merge only with
+the same log mapping (DDSketch, gamma = (1 + a) / (1 - a))."""
+
+
+class LatencySketch(Wire):
+    """A DDSketch of latencies in milliseconds, relative accuracy
+    ``SKETCH_RELATIVE_ACCURACY``: ``bins`` holds (key, count) for every non-empty bucket
+    of the logarithmic mapping, ``zero_count`` the values too small for any (≈ 0 ms).
+    Bounded: 4,096 bins span 1 µs to a day at 1 %."""
+
+    bins: tuple[tuple[Annotated[int, Field(ge=-100_000, le=100_000)], Count], ...] = Field(
+        default=(), max_length=4096
+    )
+    zero_count: Count = 0
+
+    @property
+    def count(self) -> int:
+        return self.zero_count + sum(c for _, c in self.bins)
+
+
+class RequestSummary(Wire):
+    """The requests one worker finished in one report interval, as the controller uses
+    them: counts, the latency distribution, and the sums its EWMAs and volatility need.
+    Per-request accounting travels separately (``RequestCompleted``)."""
+
+    window_s: Seconds
+    """How long the interval lasted (it ends at the report's ``at``)."""
+    count: Count
+    errors: Count
+    latency: LatencySketch
+    """Start of work to terminal reply, every request (failed ones too: a timeout is
+    exactly the tail P99 must show)."""
+    latency_sum_ms: float = Field(ge=0, le=1e15)
+    latency_m2_ms2: float = Field(ge=0, le=1e30)
+    """The latencies' sum of squared deviations from their mean (Welford's ``M2``):
+    pooled across intervals without the cancellation a sum of squares suffers."""
+    ttft_count: Count = 0
+    ttft_sum_ms: float = Field(default=0.0, ge=0, le=1e15)
+    itl_count: Count = 0
+    """Requests with a mean inter-token latency (a first token and at least two)."""
+    itl_sum_ms: float = Field(default=0.0, ge=0, le=1e15)
+    """The sum of those requests' mean inter-token latencies."""
+    prompt_tokens: Count = 0
+    completion_tokens: Count = 0
 
 
 class EngineLimitsInfo(Wire):
@@ -79,6 +143,8 @@ class EngineStats(Message):
     prefilled_tokens_total: Count = 0
     """Prompt tokens whose prefill finished (their request's first token came) since
     the worker started: from two reports admission learns how fast it prefills."""
+    completed_total: Count = 0
+    """As ``WorkerHeartbeat.completed_total``: what ``in_flight`` already excludes."""
 
 
 class GpuStats(Message):
@@ -125,8 +191,42 @@ class WorkerHeartbeat(Message):
     )
     """The pool's dispatch partitions the worker owns now (its consumer group's
     assignment): admission places requests on workers by producing to them."""
+    completed_total: Count = 0
+    """The worker's finished requests so far (``RequestCompleted.seq`` of the latest):
+    every request with a higher ``seq`` is still counted in ``in_flight``."""
+
+
+class WorkerReport(Message):
+    """One worker's report for one interval, in one record: what the controller and
+    admission's pacing read, at a cost per worker-second rather than per request."""
+
+    type: Literal["worker_report"] = "worker_report"
+    worker_id: Ident
+    pool: Ident
+    at: Timestamp
+    heartbeat: WorkerHeartbeat
+    engine: EngineStats | None = None
+    gpus: tuple[GpuStats, ...] = Field(default=(), max_length=64)
+    requests: RequestSummary | None = None
+
+    @model_validator(mode="after")
+    def _one_worker(self) -> WorkerReport:
+        parts: tuple[EngineStats | GpuStats | WorkerHeartbeat, ...] = (
+            self.heartbeat,
+            *((self.engine,) if self.engine is not None else ()),
+            *self.gpus,
+        )
+        if any((p.worker_id, p.pool) != (self.worker_id, self.pool) for p in parts):
+            raise ValueError("every part of a report is its own worker's and pool's")
+        return self
+
+    def parts(self) -> tuple[EngineStats | GpuStats | WorkerHeartbeat, ...]:
+        """The readings, in the order a consumer applies them: the engine's limits
+        before the GPU's memory they qualify, the heartbeat last."""
+        engine = (self.engine,) if self.engine is not None else ()
+        return (*engine, *self.gpus, self.heartbeat)
 
 
 TelemetryEvent = Annotated[
-    RequestCompleted | EngineStats | GpuStats | WorkerHeartbeat, Field(discriminator="type")
+    WorkerReport | EngineStats | GpuStats | WorkerHeartbeat, Field(discriminator="type")
 ]

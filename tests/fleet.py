@@ -19,10 +19,11 @@ from schemas import (
     Priority,
     ReplyChunk,
     SamplingParams,
+    WorkerReport,
 )
 from schemas.base import Message
 from services.common.bus import ensure_topics, make_consumer, make_producer
-from services.common.serde import REPLY, TELEMETRY, decode, encode
+from services.common.serde import COMPLETION, REPLY, TELEMETRY, decode, encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
 from services.workers.engine.factory import build_engine
@@ -118,7 +119,9 @@ class ReplyReader:
 async def read_telemetry(
     settings: CommonSettings, topics: Topics, want: set[str], timeout_s: float = 30
 ) -> dict[str, list[Message]]:
-    consumer = make_consumer(settings, topics.telemetry, group_id=None)
+    """Telemetry and completions by type, until every type of ``want`` was seen: a
+    report counts as itself and as each of its parts."""
+    consumer = make_consumer(settings, topics.telemetry, topics.completions, group_id=None)
     await consumer.start()
     seen: dict[str, list[Message]] = defaultdict(list)
     try:
@@ -126,8 +129,14 @@ async def read_telemetry(
         while not want <= set(seen) and time.monotonic() < deadline:
             for records in (await consumer.getmany(timeout_ms=300)).values():
                 for r in records:
+                    if r.topic == topics.completions:
+                        seen["request_completed"].append(decode(COMPLETION, r.value))
+                        continue
                     msg = decode(TELEMETRY, r.value)
                     seen[msg.type].append(msg)
+                    if isinstance(msg, WorkerReport):
+                        for part in msg.parts():
+                            seen[part.type].append(part)
     finally:
         await consumer.stop()
     return seen

@@ -25,6 +25,7 @@ from schemas import (
     EngineStats,
     GpuStats,
     WorkerHeartbeat,
+    WorkerReport,
 )
 from seawall.events import describe, expired
 from services.common.control import ControlState
@@ -255,13 +256,13 @@ class StatusFold:
         seen = self._seen.get(event.worker_id)
         if seen is None or event.at >= seen[0]:
             self._seen[event.worker_id] = (event.at, event.pool)
-        if isinstance(event, WorkerHeartbeat):
-            _keep_newest(self._heartbeats, event.worker_id, event)
-        elif isinstance(event, EngineStats):
-            _keep_newest(self._engines, event.worker_id, event)
-        elif isinstance(event, GpuStats):
-            _keep_newest(self._gpus, (event.worker_id, event.gpu_index), event)
-        # A RequestCompleted only tells that its worker was heard from.
+        for part in event.parts() if isinstance(event, WorkerReport) else (event,):
+            if isinstance(part, WorkerHeartbeat):
+                _keep_newest(self._heartbeats, part.worker_id, part)
+            elif isinstance(part, EngineStats):
+                _keep_newest(self._engines, part.worker_id, part)
+            else:
+                _keep_newest(self._gpus, (part.worker_id, part.gpu_index), part)
 
     def result(
         self,

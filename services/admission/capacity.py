@@ -28,9 +28,11 @@ is 1, less under its own rate-limiting breaker, 0 when its breaker isolates it.
 What is in the pool is the larger of two estimates (the prefill dimension has only the
 first: no completion says when a prompt's prefill ended):
 
-- *telemetry*: each worker's latest report (``in_flight`` minus the completions it
-  reported since — a worker's telemetry is one partition, so "since" is record order,
-  no clocks compared; ``kv_cache_usage × kv_capacity_tokens``; its
+- *telemetry*: each worker's latest report (``in_flight`` minus the completions read
+  since that the report did not yet reflect — completions are numbered per worker
+  (``RequestCompleted.seq``) and a report says how many it reflects
+  (``completed_total``), so no order between the two topics and no clocks matter;
+  ``kv_cache_usage × kv_capacity_tokens``; its
   ``prefill_pending_tokens``) plus our dispatches made after the oldest of those
   reports was received (not yet reflected in any report; a conservative count);
 - *ledger*: the dispatches of this admission instance with no ``RequestCompleted`` yet
@@ -89,7 +91,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from schemas import EngineStats, RequestCompleted, TelemetryEvent, WorkerHeartbeat
+from schemas import EngineStats, TelemetryEvent, WorkerHeartbeat, WorkerReport
 from services.admission.cost import NO_COST, Cost
 from services.admission.ledger import Ledger
 
@@ -146,6 +148,11 @@ class _Worker:
     """When anything of it was last read (liveness)."""
     status: WorkerStatus = "serving"
     completed_since_report: int = 0
+    """Completions its latest report does not reflect."""
+    completed_total: int = 0
+    """``completed_total`` of its latest report."""
+    completed_seq: int = 0
+    """The highest ``seq`` of its completions read."""
     engine: Engine | None = None
     """From its latest ``EngineStats``; ``None`` until one says."""
     kv_scale: float = 1.0
@@ -409,6 +416,7 @@ class FleetCapacity:
         status: WorkerStatus | None = None,
         engine: Engine | None = None,
         partitions: tuple[int, ...] | None = None,
+        completed_total: int = 0,
     ) -> None:
         """An ``EngineStats`` (``status=None``, with ``engine``) or a ``WorkerHeartbeat``
         (with ``status`` and the ``partitions`` it owns)."""
@@ -417,7 +425,10 @@ class FleetCapacity:
             w = self._workers[worker_id] = _Worker(pool, batch_limit, in_flight, now, now)
         w.pool, w.batch_limit, w.in_flight = pool, batch_limit, in_flight
         w.reported_at = w.heard_at = now
-        w.completed_since_report = 0
+        if completed_total < w.completed_total:
+            w.completed_seq = 0  # a restarted worker counts from 0 again
+        w.completed_total = completed_total
+        w.completed_since_report = max(0, w.completed_seq - completed_total)
         if status is not None:
             w.status = status
         if partitions is not None:
@@ -472,6 +483,7 @@ class FleetCapacity:
                 in_flight=event.in_flight,
                 now=now,
                 engine=engine,
+                completed_total=event.completed_total,
             )
         elif isinstance(event, WorkerHeartbeat):
             self.report(
@@ -482,15 +494,23 @@ class FleetCapacity:
                 now=now,
                 status=event.status,
                 partitions=event.partitions,
+                completed_total=event.completed_total,
             )
-        elif isinstance(event, RequestCompleted):
-            self.completed(event.worker_id, event.request_id, now)
+        elif isinstance(event, WorkerReport):
+            for part in event.parts():
+                self.observe(part, now)
 
-    def completed(self, worker_id: str, request_id: str, now: float) -> None:
-        """A ``RequestCompleted``: the slot is free, and the request leaves the ledger."""
+    def completed(self, worker_id: str, request_id: str, now: float, seq: int = 0) -> None:
+        """A ``RequestCompleted``: the slot is free, and the request leaves the ledger.
+        Numbered (``seq`` > 0), it counts against the worker's latest report only if
+        that report does not reflect it; unnumbered, it counts as read after it."""
         w = self._workers.get(worker_id)
         if w is not None:
-            w.completed_since_report += 1
+            if seq:
+                w.completed_seq = max(w.completed_seq, seq)
+                w.completed_since_report = max(0, w.completed_seq - w.completed_total)
+            else:
+                w.completed_since_report += 1
             w.heard_at = now
             self._pool(w.pool).ledger.pop(request_id)
         else:

@@ -46,3 +46,8 @@ CORRECTIONS = Counter(
     "Token reservations settled: corrected at completion, refunded, or not found",
     ["outcome"],
 )
+
+QUOTA_HINTS = Counter(
+    "seawall_admission_quota_hints_total",
+    "Quota hints published for ingress (a tenant's requests bucket found empty)",
+)

@@ -19,9 +19,15 @@ Loops (one ``Component``):
   released through ``policy.release`` with the control state in force, and produced to
   ``llm.dispatch.<pool>`` keyed by session. Requests whose deadline passes while they
   wait get their ``expired`` reply from a periodic sweep.
-- *telemetry*: every worker report and completion, read without a group from the end of
-  the topic, feeds the pacing rule and each pool's ``max_model_len``.
-- *corrections*: ``RequestCompleted`` read with the group
+- *telemetry*: every worker report (``llm.telemetry``) and completion
+  (``llm.completions``), read without a group from the end of both topics, feeds the
+  pacing rule and each pool's ``max_model_len``.
+- *hints*: a rejection because a tenant's requests bucket is empty publishes a
+  ``QuotaHint`` on ``llm.quota.hints`` (``hints``: at most about one per tenant per
+  refill), so that ingress refuses the tenant's next requests itself until the bucket
+  can pay again: an abusive tenant costs no Kafka hop, no Redis call and no decision
+  here.
+- *corrections*: ``RequestCompleted`` (``llm.completions``) read with the group
   ``<prefix>seawall.admission.completions`` (so once per fleet): the tokens reserved at
   admission (kept in Redis per request, see ``RedisKeys.reservation``) are taken and the
   tenant's bucket corrected by ``actual − reserved``. Taking the reservation
@@ -57,7 +63,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.exceptions
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from schemas import (
     BreakerState,
@@ -65,12 +71,13 @@ from schemas import (
     InferenceRequest,
     Priority,
     ReasonCode,
-    RequestCompleted,
     Tier,
 )
 from services.admission import metrics as m
+from services.admission.bucket import QuotaDecision
 from services.admission.capacity import CapacityConfig, FleetCapacity, Placement
 from services.admission.dispatching import SCAVENGER, Lane, Queued, Round, forecasts, pick
+from services.admission.hints import HintThrottle, hint_for
 from services.admission.policy import (
     NO_FORECASTS,
     Accepted,
@@ -97,6 +104,7 @@ from services.common.bus import (
     ensure_topics,
     make_consumer,
     make_producer,
+    start_tail,
     topics_of,
 )
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -108,7 +116,7 @@ from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks, wait_set
 from services.common.offsets import OffsetTracker
 from services.common.redisclient import make_redis
-from services.common.serde import REQUEST, TELEMETRY, DecodeError, decode, encode
+from services.common.serde import COMPLETION, REQUEST, TELEMETRY, DecodeError, decode, encode
 from services.common.topics import RedisKeys
 
 log = logging.getLogger(__name__)
@@ -149,17 +157,19 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class _TelemetryTail:
-    """The capacity tail's handler: every telemetry record feeds the pacing rule. What
-    does not decode is skipped (the controller, the telemetry's group, dead-letters
-    it)."""
+    """The capacity tail's handler: every report and completion feeds the pacing rule.
+    What does not decode is skipped (nothing of it could count)."""
 
     def __init__(self, admission: Admission) -> None:
         self._admission = admission
 
     async def decide(self, record: Record) -> None:
-        self._admission.capacity.observe(
-            decode(TELEMETRY, record.value), self._admission.clock.monotonic()
-        )
+        now, capacity = self._admission.clock.monotonic(), self._admission.capacity
+        if record.topic == self._admission.topics.completions:
+            done = decode(COMPLETION, record.value)
+            capacity.completed(done.worker_id, done.request_id, now, done.seq)
+        else:
+            capacity.observe(decode(TELEMETRY, record.value), now)
 
     async def effect(self, record: Record, decision: None) -> None:
         self._admission.wake()
@@ -169,23 +179,24 @@ class _TelemetryTail:
 
 
 class _Corrections:
-    """The corrections' handler: each ``RequestCompleted`` settles its reservation."""
+    """The corrections' handler: each ``RequestCompleted`` settles its reservation;
+    what is not one is dead-lettered."""
 
     def __init__(self, admission: Admission) -> None:
         self._admission = admission
 
     async def decide(self, record: Record) -> None:
-        event = decode(TELEMETRY, record.value)
-        if isinstance(event, RequestCompleted):
-            actual = event.prompt_tokens + event.completion_tokens
-            await self._admission.settle(event.tenant, event.tier, event.request_id, actual)
+        event = decode(COMPLETION, record.value)
+        actual = event.prompt_tokens + event.completion_tokens
+        await self._admission.settle(event.tenant, event.tier, event.request_id, actual)
 
     async def effect(self, record: Record, decision: None) -> None:
         return None
 
     async def fail(self, record: Record, error: BaseException) -> None:
-        reason, _ = failure_of(error)
-        log.warning("skipped a telemetry record for corrections", extra={"reason": reason})
+        """A completion that does not decode is dead-lettered here: admission's group
+        is the fleet's one reader of ``llm.completions`` that commits."""
+        await self._admission._dead_letters.record(record, error)
 
 
 class Admission(Component):
@@ -252,7 +263,7 @@ class Admission(Component):
         self._telemetry = make_consumer(settings, group_id=None)
         self._completions = make_consumer(
             settings,
-            self.topics.telemetry,
+            self.topics.completions,
             group_id=f"{prefix}seawall.admission.completions",
             auto_offset_reset="latest",
         )
@@ -281,6 +292,7 @@ class Admission(Component):
         self._finishing: set[asyncio.Task[Any]] = set()
         self._last_sweep = 0.0
         self._breakers: dict[str, tuple[str, int]] = {}
+        self._hints = HintThrottle()
 
     # -- lifecycle -------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -291,7 +303,7 @@ class Admission(Component):
         # join both groups at once.
         await asyncio.gather(
             self._follower.start(),
-            self._start_tail(self._telemetry, self.topics.telemetry),
+            start_tail(self._telemetry, self.topics.telemetry, self.topics.completions),
             self._completions.start(),
             self._consumer.start(),
         )
@@ -314,19 +326,6 @@ class Admission(Component):
         """Fail with a part: the process exits and its supervisor restarts it."""
         await part.failed.wait()
         raise RuntimeError(f"{part.name} failed") from part.failure
-
-    @staticmethod
-    async def _start_tail(consumer: AIOKafkaConsumer, topic: str) -> None:
-        """Start a groupless consumer on every partition of ``topic``, from its end."""
-        await consumer.start()
-        await consumer.topics()  # loads the metadata: the topic's partitions
-        tps = [
-            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})
-        ]
-        consumer.assign(tps)
-        await consumer.seek_to_end(*tps)
-        for tp in tps:
-            await consumer.position(tp)  # resolved now, not at the first fetch
 
     async def on_stop(self) -> None:
         await cancel_tasks(self._loops)
@@ -473,6 +472,7 @@ class Admission(Component):
                 continue
             if isinstance(judged, Reply):
                 self._reply(tp, offset, request, cls, judged)
+                await self._hint(request.tenant, c.tenant)
             else:
                 accepted.append(
                     _Waiting(tp, offset, request, cls, judged, self.clock.monotonic(), c.replayed)
@@ -481,6 +481,21 @@ class Admission(Component):
             self._queues[(w.lane, w.accepted.pool)].append(w)
             self._buffered[w.source] += 1
         self.wake()
+
+    async def _hint(self, tenant: str, decision: QuotaDecision) -> None:
+        """Tell ingress when a tenant's requests bucket is empty (``hints``); not
+        awaited for its ack, and skipped while the broker is unavailable: a lost hint
+        only sends the tenant's next requests here."""
+        hint = hint_for(tenant, decision)
+        if hint is None or not self._hints.admit(hint):
+            return
+        try:
+            await self._producer.send(self.topics.quota_hints, encode(hint), key=tenant.encode())
+        except Exception as e:
+            if not is_infrastructure(e):
+                raise
+            return
+        m.QUOTA_HINTS.inc()
 
     def _charge_of(self, request: InferenceRequest, screened: Screened, now: float) -> Charge:
         """The request's charge, with its marker (kept past its deadline, plus a margin)

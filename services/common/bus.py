@@ -144,3 +144,19 @@ async def commit_done(consumer: AIOKafkaConsumer, offsets: OffsetTracker[TopicPa
     except KafkaError as e:
         offsets.restore(commits)
         log.warning("commit not taken; kept for the next one", extra={"error": repr(e)[:200]})
+
+
+async def start_tail(consumer: AIOKafkaConsumer, *topics: str) -> None:
+    """Start a groupless consumer on every partition of ``topics``, from their end:
+    for readers of what happens from now on (reports, hints), not of history."""
+    await consumer.start()
+    await consumer.topics()  # loads the metadata: the topics' partitions
+    tps = [
+        TopicPartition(topic, p)
+        for topic in topics
+        for p in sorted(consumer.partitions_for_topic(topic) or {0})
+    ]
+    consumer.assign(tps)
+    await consumer.seek_to_end(*tps)
+    for tp in tps:
+        await consumer.position(tp)  # resolved now, not at the first fetch

@@ -14,7 +14,9 @@ from schemas import (
     ControlEvent,
     DispatchedRequest,
     InferenceRequest,
+    QuotaHint,
     ReplyMessage,
+    RequestCompleted,
     TelemetryEvent,
 )
 
@@ -24,6 +26,8 @@ REQUEST: TypeAdapter[InferenceRequest] = TypeAdapter(InferenceRequest)
 DISPATCH: TypeAdapter[DispatchedRequest] = TypeAdapter(DispatchedRequest)
 REPLY: TypeAdapter[ReplyMessage] = TypeAdapter(ReplyMessage)
 TELEMETRY: TypeAdapter[TelemetryEvent] = TypeAdapter(TelemetryEvent)
+COMPLETION: TypeAdapter[RequestCompleted] = TypeAdapter(RequestCompleted)
+HINT: TypeAdapter[QuotaHint] = TypeAdapter(QuotaHint)
 CONTROL: TypeAdapter[ControlEvent] = TypeAdapter(ControlEvent)
 
 

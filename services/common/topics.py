@@ -47,8 +47,19 @@ class Topics:
         return f"{self.prefix}llm.telemetry"
 
     @property
+    def completions(self) -> str:
+        """One ``RequestCompleted`` per finished request, for admission's accounting
+        (``llm.telemetry`` carries the per-interval reports the controller reads)."""
+        return f"{self.prefix}llm.completions"
+
+    @property
     def control(self) -> str:
         return f"{self.prefix}llm.control"
+
+    @property
+    def quota_hints(self) -> str:
+        """Admission's ``QuotaHint``s: ingress refuses an over-quota tenant at the edge."""
+        return f"{self.prefix}llm.quota.hints"
 
     @property
     def audit(self) -> str:
@@ -82,7 +93,9 @@ class Topics:
             *(TopicSpec(self.requests(p), n) for p in Priority),
             *(TopicSpec(self.dispatch(pool), n) for pool in self.pools),
             TopicSpec(self.telemetry, n, retention_ms=DAY_MS),
+            TopicSpec(self.completions, n, retention_ms=DAY_MS),
             TopicSpec(self.control, 1, "compact", retention_ms=-1),
+            TopicSpec(self.quota_hints, 1, retention_ms=3600 * 1000),
             TopicSpec(self.audit, 1, retention_ms=90 * DAY_MS),
             TopicSpec(self.deadletter, 1, retention_ms=30 * DAY_MS),
         ]

@@ -6,7 +6,8 @@ Scopes and what is decided for them:
 
 - ``worker:<id>``: a ``BreakerState`` (the breaker matrix on the worker's own windows,
   plus heartbeat loss) and a ``BatchLimit`` (the adaptive batch limit, from the
-  worker's completed-request latencies and its engine's preemptions and waiting queue,
+  latencies of the requests it finished — one ``RequestSummary`` per report, so the
+  cost is per worker-second — and its engine's preemptions and waiting queue,
   within its engine's ``max_num_seqs``);
 - ``pool:<name>``: a ``BreakerState`` (the matrix on the pool's windows: every sample of
   its workers) and a ``DegradationLevel`` (the ladder on the pool's requests, its
@@ -52,11 +53,13 @@ from schemas import (
     EngineStats,
     Evidence,
     GpuStats,
-    RequestCompleted,
+    RequestSummary,
     TelemetryEvent,
     WorkerHeartbeat,
+    WorkerReport,
 )
 from schemas.base import Ident, Wire
+from services.common.sketch import ddsketch_of
 from services.controller.policy import (
     AdaptiveBatchLimit,
     BatchConfig,
@@ -74,6 +77,7 @@ from services.controller.policy import (
     Liveness,
     Reading,
     RequestWindow,
+    Samples,
     Threshold,
     breaker_readings,
     degradation_readings,
@@ -147,12 +151,18 @@ def _scaled(t: Threshold, k: float) -> Threshold:
     )
 
 
-def inter_token_ms(event: RequestCompleted) -> float | None:
-    """The request's mean inter-token latency: its decode time over the tokens after
-    the first (``None`` without a first token, or with fewer than two tokens)."""
-    if event.ttft_ms is None or event.completion_tokens < 2:
-        return None
-    return max(0.0, event.latency_ms - event.ttft_ms) / (event.completion_tokens - 1)
+def samples_of(summary: RequestSummary) -> Samples:
+    """A summary (``count`` > 0) as the batch limit reads it."""
+    n = summary.count
+    return Samples(
+        n,
+        summary.latency_sum_ms / n,
+        summary.latency_m2_ms2,
+        ttft_count=summary.ttft_count,
+        ttft_mean_ms=summary.ttft_sum_ms / summary.ttft_count if summary.ttft_count else 0.0,
+        itl_count=summary.itl_count,
+        itl_mean_ms=summary.itl_sum_ms / summary.itl_count if summary.itl_count else 0.0,
+    )
 
 
 def scaled_config(
@@ -513,13 +523,24 @@ class PoolEngine:
         now = self._advance(now)
         if event.at < now - self.config.max_telemetry_age_s:
             return Output(stale=True)
-        if isinstance(event, WorkerHeartbeat) and event.status == "stopped":
+        heartbeat = event.heartbeat if isinstance(event, WorkerReport) else event
+        if isinstance(heartbeat, WorkerHeartbeat) and heartbeat.status == "stopped":
             self._forget(f"worker:{event.worker_id}")
             return self._output()
         worker = self._worker(event.worker_id, now)
-        if isinstance(event, RequestCompleted):
-            self._on_request(worker, event, now)
-        elif isinstance(event, EngineStats):
+        if isinstance(event, WorkerReport):
+            for part in event.parts():
+                self._on_reading(worker, part, now)
+            if event.requests is not None and event.requests.count:
+                self._on_requests(worker, event.requests, now)
+        else:
+            self._on_reading(worker, event, now)
+        return self._output()
+
+    def _on_reading(
+        self, worker: _Worker, event: EngineStats | GpuStats | WorkerHeartbeat, now: float
+    ) -> None:
+        if isinstance(event, EngineStats):
             self._on_engine_stats(worker, event, now)
         elif isinstance(event, GpuStats):
             if worker.memory_reserved is not None:
@@ -537,20 +558,20 @@ class PoolEngine:
             if back is not None:
                 worker.lost_since = None
                 self._breaker_decision(worker.breaker.on_liveness(back))
-        return self._output()
 
-    def _on_request(self, worker: _Worker, event: RequestCompleted, now: float) -> None:
-        ok = event.error is None
-        worker.requests.record(now, event.latency_ms, ok)
-        self._requests.record(now, event.latency_ms, ok)
+    def _on_requests(self, worker: _Worker, summary: RequestSummary, now: float) -> None:
+        """A report interval's finished requests: into the windows, the batch limit and
+        the half-open probes."""
+        latencies = ddsketch_of(summary.latency)
+        worker.requests.record_many(now, latencies, summary.errors)
+        self._requests.record_many(now, latencies, summary.errors)
         if worker.batch is not None:
-            decision = worker.batch.observe(
-                now, event.latency_ms, event.ttft_ms, inter_token_ms(event)
-            )
+            decision = worker.batch.observe(now, samples_of(summary))
             if decision is not None:
                 self._issue_batch(worker, decision.evidence, str(decision.previous_state), now)
+        passed = summary.count - summary.errors
         for breaker in (worker.breaker, self._breaker):
-            self._breaker_decision(breaker.record_probe(now, ok))
+            self._breaker_decision(breaker.record_probes(now, passed, summary.errors))
 
     def _on_engine_stats(self, worker: _Worker, event: EngineStats, now: float) -> None:
         worker.memory_reserved = event.limits.gpu_memory_utilization

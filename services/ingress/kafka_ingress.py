@@ -229,5 +229,6 @@ class KafkaIngress(Component):
             code=refusal.code,
             message=refusal.message[:512],
             completed_at=self._clock.time(),
+            rate_limit=refusal.rate_limit,
         )
         return await self._replies.send(request.reply_to, reply, request.request_id)

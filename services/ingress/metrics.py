@@ -95,3 +95,13 @@ class LongPromptShare:
             self._total -= total
             self._long -= long
         return self._long / self._total if self._total else 0.0
+
+
+QUOTA_HINTS = Gauge(
+    "seawall_ingress_quota_hints",
+    "Tenants refused at the edge now: admission found their requests bucket empty",
+)
+INVALID_HINTS = Counter(
+    "seawall_ingress_invalid_quota_hints_total",
+    "Records on the quota hint topic that are not a hint (skipped)",
+)

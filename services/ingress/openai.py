@@ -233,13 +233,16 @@ _REFUSAL_STATUS = {
     ReasonCode.SENSITIVE_DATA: 400,
     ReasonCode.UNAUTHENTICATED: 401,
     ReasonCode.FORBIDDEN: 403,
+    ReasonCode.QUOTA_EXCEEDED: 429,
 }
 _CODE_STATUS = {"body_too_large": 413, "model_not_found": 404, "too_many_failures": 429}
 
 
 def error_for_refusal(refusal: Refusal) -> ApiError:
     status = _CODE_STATUS.get(refusal.code) or _REFUSAL_STATUS.get(refusal.reason, 400)
-    headers = {} if refusal.retry_after_s is None else retry_after(refusal.retry_after_s)
+    headers = rate_limit_headers(refusal.rate_limit)
+    if refusal.retry_after_s is not None:
+        headers |= retry_after(refusal.retry_after_s)
     return ApiError(status, refusal.code, refusal.message, refusal.param, headers)
 
 

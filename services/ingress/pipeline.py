@@ -10,7 +10,9 @@ checks first, nothing parsed before its size is known):
    ``verify_signed`` (Kafka: the record's signature by its key, ``services.common.
    signing``), then ``principal``: the key must exist and be in a phase that allows
    inference;
-4. ``prepare``: the tenant, tier and priority from the key's tenant (whatever the
+4. ``prepare``: a tenant that admission found over its request quota is refused until
+   its bucket refills (``hints``, published by admission: the quota pre-check at the
+   edge); the tenant, tier and priority from the key's tenant (whatever the
    request claimed), the model's pool, the deadline, the client's region, the
    ``max_tokens`` cap, the tenant's sensitive-data policy (block or redact) and the
    prompt-length metrics;
@@ -37,7 +39,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
-from schemas import ChatMessage, InferenceRequest, ReasonCode
+from schemas import ChatMessage, InferenceRequest, QuotaHint, RateLimitInfo, ReasonCode
 from schemas.requests import TIER_PRIORITY
 from services.common import signing
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -51,6 +53,7 @@ from services.ingress.denials import DenialAudit, FailureLimiter
 from services.ingress.filters.body import check_body
 from services.ingress.filters.geo import RegionTable, parse_ip
 from services.ingress.filters.useragent import UserAgentBlacklist
+from services.ingress.hints import QuotaHints
 from services.ingress.keys import Action, KeyDecision, KeyRecord, check, verify
 from services.ingress.keystore import KeyStore, TenantPolicy
 from services.ingress.settings import IngressSettings
@@ -72,6 +75,25 @@ class Refusal:
     """The offending request field, where there is one."""
     retry_after_s: float | None = None
     """When trying again may succeed (HTTP ``Retry-After``), where that is known."""
+    rate_limit: RateLimitInfo | None = None
+    """The quota figures behind a ``quota_exceeded`` refusal (``X-RateLimit-*``)."""
+
+
+def over_quota(hint: QuotaHint, now: float) -> Refusal:
+    """The refusal a quota hint makes: what admission would answer, with the figures
+    of the rejection behind the hint as they stand at ``now``."""
+    wait_s = max(1, math.ceil(hint.until - now))
+    info = hint.rate_limit
+    reset_s = min(86_400.0, max(0.0, info.reset_s - (now - hint.issued_at)))
+    return Refusal(
+        ReasonCode.QUOTA_EXCEEDED,
+        ReasonCode.QUOTA_EXCEEDED.value,
+        "quota exceeded",
+        retry_after_s=wait_s,
+        rate_limit=RateLimitInfo(
+            limit=info.limit, remaining=0, reset_s=reset_s, retry_after_s=wait_s
+        ),
+    )
 
 
 def invalid(code: str, message: str, param: str | None = None) -> Refusal:
@@ -173,6 +195,8 @@ class Gate:
         )
         self._regions = RegionTable(settings.region_table)
         self._long_share = m.LongPromptShare(clock=clock)
+        self.hints = QuotaHints(settings.quota_hint_tenants)
+        """Fed by the service's hint follower (``llm.quota.hints``)."""
 
     # -- cheap filters -----------------------------------------------------------
     @staticmethod
@@ -289,8 +313,14 @@ class Gate:
     async def prepare(
         self, request: InferenceRequest, principal: Principal
     ) -> InferenceRequest | Refusal:
-        """The request as it goes onto the priority topic, or why it may not."""
+        """The request as it goes onto the priority topic, or why it may not. A tenant
+        whose requests bucket admission found empty is refused first, until it refills
+        (``hints``): no hop, no Redis call."""
         s = self.settings
+        now = self._clock.time()
+        hint = self.hints.covering(principal.tenant, now)
+        if hint is not None:
+            return over_quota(hint, now)
         pool = s.models.get(request.model)
         if pool is None:
             return invalid(
@@ -314,7 +344,6 @@ class Gate:
             refusal = await self._sensitive(principal, request.request_id, findings)
             if refusal is not None:
                 return refusal
-        now = self._clock.time()
         deadline = now + s.default_deadline_s
         if request.deadline_at is not None:
             deadline = min(deadline, request.deadline_at)

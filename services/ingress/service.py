@@ -3,7 +3,8 @@ the reply router, sharing one producer, one Redis client and one gate.
 
 Start: topics, producer, reply router (its topic ``llm.reply.ingress-<instance id>`` is
 created then: give each instance a stable ``SEAWALL_INSTANCE_ID`` in production, or each
-restart leaves a topic behind), Kafka ingress, then the HTTP listener, last, so that
+restart leaves a topic behind), the quota hint feed (admission's "over quota until T",
+refused here without a hop), Kafka ingress, then the HTTP listener, last, so that
 nothing is accepted before it can be answered.
 
 Stop (SIGTERM): the listener first — uvicorn stops accepting and lets in-flight
@@ -33,6 +34,7 @@ from services.common.redisclient import make_redis
 from services.common.replies import ReplyRouter
 from services.common.topics import RedisKeys
 from services.ingress.denials import DenialAudit, FailureLimiter
+from services.ingress.hint_feed import HintFeed
 from services.ingress.http import create_app
 from services.ingress.kafka_ingress import KafkaIngress
 from services.ingress.keystore import AuditLog, KeyStore
@@ -89,6 +91,7 @@ class IngressService(Component):
         )
         replies = Replies(self._producer, self.topics, TopicDirectory(self._producer, clock=clock))
         self.kafka = KafkaIngress(settings, self.gate, replies, dead_letters, self.topics, clock)
+        self.hint_feed = HintFeed(settings, self.topics.quota_hints, self.gate.hints, clock)
         self.app = create_app(self.gate, self.router, self._ready, clock)
         self._server: _Server | None = None
         self._http: asyncio.Task[Any] | None = None
@@ -118,6 +121,8 @@ class IngressService(Component):
         await self.denials.start()
         await self.router.start()
         self.spawn(self._watch(self.router), "watch:router")
+        await self.hint_feed.start()
+        self.spawn(self._watch(self.hint_feed), "watch:hints")
         if s.kafka_ingress:
             await self.kafka.start()
             self.spawn(self._watch(self.kafka), "watch:kafka")
@@ -158,6 +163,7 @@ class IngressService(Component):
                 self._server.should_exit = True
                 await asyncio.wait({self._http}, timeout=self.settings.shutdown_grace_s + 5)
             await self.kafka.stop()
+            await self.hint_feed.stop()
             await self.router.stop()
             await self.denials.stop()
         finally:

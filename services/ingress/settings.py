@@ -93,6 +93,10 @@ class IngressSettings(CommonSettings):
     default_sensitive_policy: Literal["block", "redact"] = "redact"
     """A new tenant's policy for sensitive data in prompts."""
 
+    quota_hint_tenants: int = Field(default=100_000, ge=0, le=10_000_000)
+    """How many tenants' quota hints ingress holds at most (0: none, every request goes
+    to admission): each refuses an over-quota tenant at the edge until its bucket
+    refills."""
     key_cache_s: float = Field(default=2.0, ge=0, le=300)
     """How long ingress keeps a key record it read (0: not at all): a revoked key stops
     working within this; floods of records for one key cost one Redis read each time."""

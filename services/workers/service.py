@@ -62,6 +62,7 @@ from schemas import (
     ReplyStatus,
     RequestCompleted,
     WorkerHeartbeat,
+    WorkerReport,
 )
 from schemas.base import Message
 from schemas.requests import Priority
@@ -86,6 +87,7 @@ from services.workers.engine.validate import validate_limits
 from services.workers.gpu import GpuProbe
 from services.workers.reports import gpu_stats, limits_info
 from services.workers.settings import WorkerSettings
+from services.workers.summary import RequestSummarizer
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +211,10 @@ class Worker(Component):
         self._status: Literal["starting", "serving", "draining", "stopped"] = "starting"
         self.batch_limit = settings.batch_limit
         self.started_at = clock.time()
+        self.completed_total = 0
+        """Requests finished so far (``RequestCompleted.seq``, reports'
+        ``completed_total``)."""
+        self._summary = RequestSummarizer(self.started_at)
         self._fetcher: asyncio.Task[Any] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         """Commit, lease and telemetry loops: they run through the drain, then stop
@@ -671,7 +677,17 @@ class Worker(Component):
         m.LATENCY.observe(latency)
         if ttft is not None:
             m.TTFT.observe(ttft)
+        self.completed_total += 1
+        ok = reply.status is not ReplyStatus.ERROR
+        self._summary.add(
+            latency * 1000,
+            ok,
+            None if ttft is None else ttft * 1000,
+            reply.prompt_tokens,
+            reply.completion_tokens,
+        )
         await self._publish(
+            self.topics.completions,
             RequestCompleted(
                 worker_id=self.worker_id,
                 pool=self.settings.pool,
@@ -684,9 +700,10 @@ class Worker(Component):
                 latency_ms=latency * 1000,
                 prompt_tokens=reply.prompt_tokens,
                 completion_tokens=reply.completion_tokens,
-                error=reply.reason.value if reply.status is ReplyStatus.ERROR else None,
+                error=None if ok else reply.reason.value,
                 at=self.clock.time(),
-            )
+                seq=self.completed_total,
+            ),
         )
 
     async def _answer_failure(
@@ -771,15 +788,14 @@ class Worker(Component):
             await self.commit_done()
 
     # -- telemetry -------------------------------------------------------------
-    async def _publish(self, message: Message) -> None:
-        """Queue a telemetry record (not awaited for its ack: telemetry is a stream of
-        samples, and a lost one is superseded by the next). Keyed by pool: the
-        partition of the controller instance that decides for the pool (and still one
-        partition per worker: its records stay in order)."""
+    async def _publish(self, topic: str, message: Message) -> None:
+        """Queue a telemetry or completion record (not awaited for its ack: a lost report
+        is superseded by the next, and admission forgets a dispatch whose completion
+        was lost after ``ledger_ttl_s``). Keyed by pool: the partition of the controller
+        instance that decides for the pool (and still one partition per worker: its
+        records stay in order)."""
         try:
-            await self._producer.send(
-                self.topics.telemetry, encode(message), key=self.settings.pool.encode()
-            )
+            await self._producer.send(topic, encode(message), key=self.settings.pool.encode())
         except Exception as e:
             if not is_infrastructure(e):
                 raise
@@ -792,48 +808,64 @@ class Worker(Component):
             await self._publish_stats()
 
     async def _publish_stats(self) -> None:
+        """The interval's ``WorkerReport``: engine, GPUs, heartbeat and the summary of
+        the requests finished, in one record."""
         now = self.clock.time()
         snap = self.engine.snapshot()
         m.ENGINE_RUNNING.set(snap.running)
         m.ENGINE_WAITING.set(snap.waiting)
         m.KV_USAGE.set(snap.kv_cache_usage)
         m.PREEMPTED.set(snap.preempted_total)
-        await self._publish(
-            EngineStats(
-                worker_id=self.worker_id,
-                pool=self.settings.pool,
-                engine=self.engine.name,
-                running=snap.running,
-                waiting=snap.waiting,
-                preempted_total=snap.preempted_total,
-                kv_cache_usage=min(1.0, max(0.0, snap.kv_cache_usage)),
-                in_flight=self.in_flight,
-                batch_limit=self.batch_limit,
-                limits=limits_info(snap.limits),
-                at=now,
-                prefill_pending_tokens=self.prefill_pending_tokens,
-                prefilled_tokens_total=self.prefilled_tokens_total,
-            )
+        engine = EngineStats(
+            worker_id=self.worker_id,
+            pool=self.settings.pool,
+            engine=self.engine.name,
+            running=snap.running,
+            waiting=snap.waiting,
+            preempted_total=snap.preempted_total,
+            kv_cache_usage=min(1.0, max(0.0, snap.kv_cache_usage)),
+            in_flight=self.in_flight,
+            batch_limit=self.batch_limit,
+            limits=limits_info(snap.limits),
+            at=now,
+            prefill_pending_tokens=self.prefill_pending_tokens,
+            prefilled_tokens_total=self.prefilled_tokens_total,
+            completed_total=self.completed_total,
         )
+        gpus = []
         for g in self.probe.sample():
             m.GPU_MEMORY.labels(str(g.index)).set(g.memory_used_bytes)
             m.GPU_TEMPERATURE.labels(str(g.index)).set(g.temperature_c)
-            await self._publish(gpu_stats(g, self.worker_id, self.settings.pool, now))
-        await self._publish_heartbeat()
-
-    async def _publish_heartbeat(self) -> None:
+            gpus.append(gpu_stats(g, self.worker_id, self.settings.pool, now))
         await self._publish(
-            WorkerHeartbeat(
+            self.topics.telemetry,
+            WorkerReport(
                 worker_id=self.worker_id,
                 pool=self.settings.pool,
-                engine=self.engine.name,
-                status=self._status,
-                in_flight=self.in_flight,
-                batch_limit=self.batch_limit,
-                host_cpu_pct=min(100.0, psutil.cpu_percent()),
-                host_memory_pct=psutil.virtual_memory().percent,
-                started_at=self.started_at,
-                at=self.clock.time(),
-                partitions=tuple(sorted(tp.partition for tp in self.partitions)),
-            )
+                at=now,
+                heartbeat=self._heartbeat(now),
+                engine=engine,
+                gpus=tuple(gpus[:64]),
+                requests=self._summary.take(now),
+            ),
         )
+
+    def _heartbeat(self, now: float) -> WorkerHeartbeat:
+        return WorkerHeartbeat(
+            worker_id=self.worker_id,
+            pool=self.settings.pool,
+            engine=self.engine.name,
+            status=self._status,
+            in_flight=self.in_flight,
+            batch_limit=self.batch_limit,
+            host_cpu_pct=min(100.0, psutil.cpu_percent()),
+            host_memory_pct=psutil.virtual_memory().percent,
+            started_at=self.started_at,
+            at=now,
+            partitions=tuple(sorted(tp.partition for tp in self.partitions)),
+            completed_total=self.completed_total,
+        )
+
+    async def _publish_heartbeat(self) -> None:
+        """A heartbeat on its own: a status change (draining, stopped) told at once."""
+        await self._publish(self.topics.telemetry, self._heartbeat(self.clock.time()))

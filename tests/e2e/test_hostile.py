@@ -2,8 +2,8 @@
 built up while ingress was down is answered in full once it is back.
 
 Hostile records: a hypothesis-drawn corpus on every topic the services consume — the
-ingress topic, the three priority topics, a dispatch topic, telemetry, control and a
-client's reply topic: random bytes, truncated and deeply nested JSON, documents drawn
+ingress topic, the three priority topics, a dispatch topic, telemetry, completions,
+control and a client's reply topic: random bytes, truncated and deeply nested JSON, documents drawn
 from the JSON Schemas with fields of the wrong type, unsupported schema versions,
 values of nearly 1 MB, reply topics that do not exist or are no reply topic, and valid
 records answering to the test's own reply topic. Every record is answered there or
@@ -41,6 +41,7 @@ from seawall.client import SeawallClient
 from services.common import signing
 from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.serde import (
+    COMPLETION,
     CONTROL,
     DISPATCH,
     INGRESS,
@@ -223,10 +224,14 @@ def build_corpus(topics: Topics, ours: str, sdk_topic: str, key: str, key_id: st
     telemetry = st.one_of(
         *(
             from_schema(_schema(n)).map(lambda d: {**d, "pool": f"hostile-{d.get('pool', 'x')}"})
-            for n in ("EngineStats", "GpuStats", "WorkerHeartbeat", "RequestCompleted")
+            for n in ("EngineStats", "GpuStats", "WorkerHeartbeat", "WorkerReport")
         )
     ).map(lambda d: json.dumps(d).encode())
     targets.append((topics.telemetry, TELEMETRY, st.one_of(_garbage(request_bytes), telemetry)))
+    completions = from_schema(_schema("RequestCompleted")).map(lambda d: json.dumps(d).encode())
+    targets.append(
+        (topics.completions, COMPLETION, st.one_of(_garbage(request_bytes), completions))
+    )
     control = st.one_of(
         *(
             from_schema(_schema(n)).map(

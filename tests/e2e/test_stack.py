@@ -4,11 +4,13 @@ and the same from a record on the ingress topic with the producer's own reply to
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import InferenceRequest, ReplyChunk, ReplyStatus, SamplingParams
 from seawall.client import SeawallClient
@@ -132,3 +134,48 @@ async def test_the_sdk_completes_and_streams_through_the_stack(stack: Stack) -> 
     assert chunks
     assert "".join(c.text for c in chunks if isinstance(c, ReplyChunk)) == terminal.text
     assert client.stats.terminal_replies == client.stats.submitted == 2
+
+
+async def test_a_tenant_over_its_request_quota_is_refused_at_the_edge(stack: Stack) -> None:
+    """A basic tenant (20 requests, 1 a second) sends 60 at once: admission rejects those
+    its bucket cannot pay and publishes a hint; from then on ingress refuses the tenant
+    itself (429 with the same headers) until the bucket refills — and then lets its
+    requests through to admission again."""
+    key = stack.key(f"flood-{uuid.uuid4().hex[:6]}", "basic")["key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": "default", "prompt": "hi", "max_tokens": 2}
+
+    def refused_at_edge() -> float:
+        text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "seawall_ingress_refusals_total" and sample.labels == {
+                    "source": "http",
+                    "code": "quota_exceeded",
+                }:
+                    return float(sample.value)
+        return 0.0
+
+    before = refused_at_edge()
+    async with httpx.AsyncClient(base_url=stack.url, headers=headers, timeout=90) as http:
+        flood = [http.post("/v1/completions", json=body) for _ in range(60)]
+        replies = await asyncio.gather(*flood)
+        statuses = [r.status_code for r in replies]
+        assert statuses.count(200) <= 21  # the bucket's 20, and what refilled meanwhile
+        assert statuses.count(429) >= 39
+        for r in replies:
+            if r.status_code == 429:
+                assert r.headers["x-ratelimit-remaining"] == "0"
+                assert int(r.headers["retry-after"]) >= 1
+        # the hint arrives within a broker hop of admission's first rejection
+        deadline = time.monotonic() + 30
+        while refused_at_edge() == before and time.monotonic() < deadline:
+            assert (await http.post("/v1/completions", json=body)).status_code == 429
+            await asyncio.sleep(0.05)
+        assert refused_at_edge() > before, "ingress never refused the tenant itself"
+        again = await http.post("/v1/completions", json=body)
+        assert again.status_code == 429
+        # after the refill the tenant is served again
+        await asyncio.sleep(int(again.headers["retry-after"]) + 0.5)
+        served = await http.post("/v1/completions", json=body)
+        assert served.status_code == 200, served.text

@@ -21,10 +21,8 @@ from schemas import (
     EngineStats,
     Evidence,
     GpuStats,
-    Priority,
-    RequestCompleted,
-    Tier,
     WorkerHeartbeat,
+    WorkerReport,
 )
 from schemas.base import Message
 from schemas.telemetry import EngineLimitsInfo
@@ -107,22 +105,6 @@ def gpu(
         power_w=300.0,
         power_limit_w=700.0,
         simulated=True,
-        at=at,
-    )
-
-
-def completed(worker: str, at: float, pool: str = "main") -> RequestCompleted:
-    return RequestCompleted(
-        worker_id=worker,
-        pool=pool,
-        request_id="r1",
-        tenant="acme",
-        priority=Priority.STANDARD,
-        tier=Tier.PRO,
-        queue_wait_ms=5.0,
-        latency_ms=100.0,
-        prompt_tokens=10,
-        completion_tokens=20,
         at=at,
     )
 
@@ -219,15 +201,15 @@ def test_a_worker_is_alive_stale_or_gone_by_the_age_of_its_newest_telemetry() ->
 
 
 def test_any_telemetry_counts_as_being_heard_from() -> None:
-    status = fold([heartbeat("w1", NOW - 25), completed("w1", NOW - 1)])
+    status = fold([heartbeat("w1", NOW - 25), gpu("w1", NOW - 1)])
     (w1,) = status.workers
     assert w1.alive
     assert w1.last_seen_s == pytest.approx(1.0)
     assert w1.status == "serving"  # from the older heartbeat, still in the window
 
 
-def test_a_worker_known_only_from_completions_has_no_figures() -> None:
-    (w1,) = fold([completed("w1", NOW - 1, pool="small")]).workers
+def test_a_worker_known_only_from_a_gpu_reading_has_no_engine_figures() -> None:
+    (w1,) = fold([gpu("w1", NOW - 1, pool="small")]).workers
     assert (w1.pool, w1.alive, w1.status, w1.in_flight, w1.running, w1.batch_limit) == (
         "small",
         True,
@@ -236,7 +218,21 @@ def test_a_worker_known_only_from_completions_has_no_figures() -> None:
         None,
         None,
     )
-    assert w1.gpus == ()
+    assert [g.index for g in w1.gpus] == [0]
+
+
+def test_a_report_folds_as_its_parts() -> None:
+    report = WorkerReport(
+        worker_id="w1",
+        pool="main",
+        at=NOW - 1,
+        heartbeat=heartbeat("w1", NOW - 1, in_flight=5, batch_limit=12, status="draining"),
+        engine=engine_stats("w1", NOW - 1, running=3),
+        gpus=(gpu("w1", NOW - 1, index=0), gpu("w1", NOW - 1, index=1)),
+    )
+    (w1,) = fold([report]).workers
+    assert (w1.status, w1.in_flight, w1.batch_limit, w1.running) == ("draining", 5, 12, 3)
+    assert [g.index for g in w1.gpus] == [0, 1]
 
 
 def test_a_worker_reporting_stopped_is_not_alive() -> None:
@@ -404,7 +400,7 @@ def test_the_order_records_are_read_in_does_not_matter(
         gpu("w1", NOW - 1.5, temp=70.0),
         gpu("w1", NOW - 2.5, temp=40.0),
         heartbeat("w2", NOW - 12, "small"),
-        completed("w2", NOW - 11, "small"),
+        gpu("w2", NOW - 11, "small"),
     ]
     control: list[Message] = [
         breaker(1, "pool:main", "open"),

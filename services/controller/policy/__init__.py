@@ -6,7 +6,7 @@ scope and returns a ``Decision`` only when that state changes, with the ``Eviden
 telemetry, publishes decisions as control events and re-publishes the state in force.
 """
 
-from services.controller.policy.batch import AdaptiveBatchLimit, BatchConfig
+from services.controller.policy.batch import AdaptiveBatchLimit, BatchConfig, Samples
 from services.controller.policy.breaker import (
     Breaker,
     BreakerConfig,
@@ -61,6 +61,7 @@ __all__ = [
     "Reading",
     "RequestStats",
     "RequestWindow",
+    "Samples",
     "ShareStats",
     "ShareWindow",
     "Signal",

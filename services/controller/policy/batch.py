@@ -1,13 +1,18 @@
 """Adaptive batch limit per worker: seed 1's ``enhanced_adaptive_batch``, corrected.
 
 The seed read an undefined ``SLA`` and ``current_bs``, indexed a pandas Series with
-``[-1]`` (a label lookup, not the last element) and returned floats. Here, per latency
-sample of the worker:
+``[-1]`` (a label lookup, not the last element) and returned floats. Here, per
+``Samples`` of the worker — the requests one report interval finished, as a count, a
+mean and a sum of squared deviations (one request is a ``Samples`` of one):
 
 - EWMA of latency with span 50 (alpha = 2 / (span + 1)), in pandas' default
-  ``adjust=True`` form, so the first samples are not biased towards zero;
-- volatility = sample standard deviation of the last 30 raw latencies / EWMA (the seed
-  took the std of the already smoothed series, which mostly measures its lag);
+  ``adjust=True`` form, so the first samples are not biased towards zero; ``n``
+  requests of mean ``m`` weigh as ``n`` samples of value ``m`` (the order within an
+  interval is not reported: exact for one request, the mean's EWMA for more);
+- volatility = sample standard deviation of the latest reports holding at least 30
+  requests (exactly the last 30 when each holds one; pooled without loss of precision,
+  Chan's parallel formula) / EWMA (the seed took the std of the already smoothed
+  series, which mostly measures its lag);
 - adjusted SLA = SLA × (1 + volatility): a noisy worker is judged less eagerly;
 - EWMA > adjusted SLA → limit × 0.7, rounded down, at least 4;
   EWMA < 0.8 × adjusted SLA → limit × 1.1, rounded up (so 4 grows to 5, not back to 4),
@@ -30,7 +35,7 @@ once, without waiting for latencies to show it, and does not grow for
 the engine already holds more than it runs: a larger limit would only lengthen that
 queue, so the limit does not grow while it lasts.
 
-Nothing changes before 30 samples (the seed's rolling(30) is undefined until then), nor
+Nothing changes before 30 requests (the seed's rolling(30) is undefined until then), nor
 within ``min_interval_s`` of the previous change, so the limit does not chase noise
 and each change has time to show its effect. Factors are applied as exact fractions
 (1.1 is 11/10: 10 × 1.1 must give 11, not 11.000000000000002 rounded up to 12).
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -81,11 +87,58 @@ class BatchConfig:
             raise ValueError("min_interval_s, preemption_hold_s and queue_hold_s must be >= 0")
 
 
-def _sample_std(values: list[float]) -> float:
-    """Sample standard deviation (n - 1, as pandas' ``rolling().std()``), two-pass in
-    floats: ``statistics.stdev`` computes in exact fractions, far too slow per sample."""
-    mean = math.fsum(values) / len(values)
-    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+@dataclass(frozen=True)
+class Samples:
+    """Requests a worker finished together (one report interval): their latencies as a
+    count, mean and sum of squared deviations from that mean (``m2``), and the means of
+    the per-token signals over the requests that had them."""
+
+    count: int
+    latency_mean_ms: float
+    latency_m2: float = 0.0
+    ttft_count: int = 0
+    ttft_mean_ms: float = 0.0
+    itl_count: int = 0
+    itl_mean_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.ttft_count <= self.count:
+            raise ValueError("need count >= 1 and 0 <= ttft_count <= count")
+        if not 0 <= self.itl_count <= self.count:
+            raise ValueError("need 0 <= itl_count <= count")
+        for name in ("latency_mean_ms", "latency_m2", "ttft_mean_ms", "itl_mean_ms"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be finite and >= 0, got {value}")
+
+    @classmethod
+    def one(
+        cls, latency_ms: float, ttft_ms: float | None = None, itl_ms: float | None = None
+    ) -> Samples:
+        """One request: its latency, and where known its time to first token and mean
+        inter-token latency."""
+        return cls(
+            1,
+            latency_ms,
+            ttft_count=0 if ttft_ms is None else 1,
+            ttft_mean_ms=ttft_ms or 0.0,
+            itl_count=0 if itl_ms is None else 1,
+            itl_mean_ms=itl_ms or 0.0,
+        )
+
+
+def _pooled_std(parts: Iterable[tuple[int, float, float]]) -> float:
+    """Sample standard deviation (n - 1, as pandas' ``rolling().std()``) of groups given
+    as (count, mean, m2), combined with Chan et al.'s parallel formula: no sum of
+    squares, so no cancellation between large, close latencies."""
+    n, mean, m2 = 0, 0.0, 0.0
+    for count, part_mean, part_m2 in parts:
+        total = n + count
+        delta = part_mean - mean
+        mean += delta * count / total
+        m2 += part_m2 + delta * delta * n * count / total
+        n = total
+    return math.sqrt(max(0.0, m2) / (n - 1)) if n > 1 else 0.0
 
 
 def _exact(factor: float) -> Fraction:
@@ -100,9 +153,12 @@ class _Ewma:
         self._weighted_sum = 0.0
         self._weight = 0.0
 
-    def add(self, value: float) -> None:
-        self._weighted_sum = value + self._decay * self._weighted_sum
-        self._weight = 1.0 + self._decay * self._weight
+    def add(self, value: float, n: int = 1) -> None:
+        """``n`` samples of ``value``: as ``n`` calls of one, in closed form."""
+        decay_n = self._decay**n
+        weight = float(n) if self._decay == 1.0 else (1.0 - decay_n) / (1.0 - self._decay)
+        self._weighted_sum = value * weight + decay_n * self._weighted_sum
+        self._weight = weight + decay_n * self._weight
 
     @property
     def value(self) -> float | None:
@@ -110,7 +166,7 @@ class _Ewma:
 
 
 class AdaptiveBatchLimit:
-    """The batch limit of one worker; ``observe`` each completed request's latency.
+    """The batch limit of one worker; ``observe`` the requests it finished.
 
     The limit stays within [min(floor, cap), cap] with cap = min(ceiling,
     max_num_seqs): an engine configured below the floor is not asked for more than it
@@ -139,7 +195,8 @@ class AdaptiveBatchLimit:
             for name, slo in (("ttft", self.config.ttft_slo_ms), ("itl", self.config.itl_slo_ms))
             if slo is not None
         }
-        self._recent: deque[tuple[float, float]] = deque(maxlen=self.config.volatility_samples)
+        self._recent: deque[tuple[float, Samples]] = deque()
+        self._recent_count = 0
         self._changed_at = -math.inf
         self._preempted_at = -math.inf
         self._queued_since: float | None = None
@@ -154,33 +211,29 @@ class AdaptiveBatchLimit:
     def ewma_ms(self) -> float | None:
         return self._latency.value
 
-    def observe(
-        self,
-        now: float,
-        latency_ms: float,
-        ttft_ms: float | None = None,
-        itl_ms: float | None = None,
-    ) -> Decision[int] | None:
-        """One completed request: its latency, and where known its time to first token
-        and mean inter-token latency."""
-        for name, value in (("latency_ms", latency_ms), ("ttft_ms", ttft_ms), ("itl_ms", itl_ms)):
-            if value is not None and (not math.isfinite(value) or value < 0):
-                raise ValueError(f"{name} must be finite and >= 0, got {value}")
-        self._latency.add(latency_ms)
-        self._recent.append((now, latency_ms))
-        for name, value in (("ttft", ttft_ms), ("itl", itl_ms)):
+    def observe(self, now: float, samples: Samples) -> Decision[int] | None:
+        """Requests the worker finished (a report interval's, or one)."""
+        self._latency.add(samples.latency_mean_ms, samples.count)
+        self._recent.append((now, samples))
+        self._recent_count += samples.count
+        while self._recent_count - self._recent[0][1].count >= self.config.volatility_samples:
+            self._recent_count -= self._recent.popleft()[1].count
+        for name, count, mean in (
+            ("ttft", samples.ttft_count, samples.ttft_mean_ms),
+            ("itl", samples.itl_count, samples.itl_mean_ms),
+        ):
             signal = self._token_signals.get(name)
-            if signal is not None and value is not None:
-                signal.add(value)
+            if signal is not None and count:
+                signal.add(mean, count)
         cfg = self.config
         if (
-            len(self._recent) < cfg.volatility_samples
+            self._recent_count < cfg.volatility_samples
             or now - self._changed_at < cfg.min_interval_s
         ):
             return None
         ewma = self._latency.value
         assert ewma is not None  # a sample was just added
-        std = _sample_std([latency for _, latency in self._recent])
+        std = _pooled_std((p.count, p.latency_mean_ms, p.latency_m2) for _, p in self._recent)
         volatility = std / ewma if ewma else 0.0
         adjusted_sla = cfg.sla_ms * (1.0 + volatility)
         # (signal, its EWMA, its target, how the target reads in the evidence)
@@ -207,7 +260,7 @@ class AdaptiveBatchLimit:
             "latency_ewma_ms": ewma,
             "latency_std_ms": std,
             "volatility": volatility,
-            "samples": float(len(self._recent)),
+            "samples": float(self._recent_count),
         }
         thresholds = {
             "sla_ms": cfg.sla_ms,

@@ -184,6 +184,18 @@ class Breaker:
         self._lost = decision.new_state is Liveness.LOST
         return self._settle(decision.at, [decision.evidence])
 
+    def record_probes(self, now: float, passed: int, failed: int) -> Decision[BreakerStatus] | None:
+        """Requests completed while half-open, reported together (one interval's): a
+        failure among them fails the probe, whatever their order; ignored in other
+        states."""
+        if failed:
+            return self.record_probe(now, False)
+        if self._status.circuit is not Circuit.HALF_OPEN or passed <= 0:
+            return None
+        needed = self.config.half_open_probes - self._probe_successes
+        self._probe_successes += max(0, min(passed, needed) - 1)
+        return self.record_probe(now, True)
+
     def record_probe(self, now: float, ok: bool) -> Decision[BreakerStatus] | None:
         """The outcome of a request completed while half-open; ignored in other states."""
         if self._status.circuit is not Circuit.HALF_OPEN:

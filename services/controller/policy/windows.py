@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, Self, TypeVar
 
 from ddsketch import DDSketch
+from ddsketch.ddsketch import BaseDDSketch
 
 from services.controller.policy.decision import Reading
 
@@ -147,6 +148,17 @@ class RequestWindow(_Window[_RequestBucket]):
         bucket.latencies.add(latency_ms)
         bucket.count += 1
         bucket.errors += 0 if ok else 1
+
+    def record_many(self, now: float, latencies: BaseDDSketch, errors: int) -> None:
+        """Requests finished together (a worker's report interval): their latencies as
+        a sketch of this window's relative accuracy, and how many of them failed."""
+        count = round(latencies.count)
+        if not 0 <= errors <= count:
+            raise ValueError(f"need 0 <= errors <= count, got {errors} of {count}")
+        bucket = self._bucket_at(now)
+        bucket.latencies.merge(latencies)
+        bucket.count += count
+        bucket.errors += errors
 
     def stats(self, now: float, window_s: float | None = None) -> RequestStats:
         total, window_s = self._fold(now, window_s)

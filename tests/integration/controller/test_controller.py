@@ -183,7 +183,8 @@ async def test_injected_latency_shrinks_the_batch_limit_and_the_workers_in_fligh
         evidence = shrink.evidence
         assert evidence.metrics["latency_ewma_ms"] > evidence.thresholds["adjusted_sla_ms"]
         assert evidence.thresholds["sla_ms"] == 300.0
-        assert evidence.metrics["samples"] == 30
+        # the latest reports holding at least 30 requests (each summarizes a second's)
+        assert evidence.metrics["samples"] >= 30
         assert evidence.previous == "16"
 
         # It keeps shrinking to the floor and holds there; the worker follows each step.

@@ -17,9 +17,11 @@ from schemas import (
     Evidence,
     ReasonCode,
     ReplyStatus,
+    RequestSummary,
+    WorkerReport,
 )
 from services.common.bus import make_consumer
-from services.common.serde import encode
+from services.common.serde import TELEMETRY, decode, encode
 from services.common.settings import CommonSettings
 from services.common.tokenizer import count_tokens
 from services.common.topics import Topics
@@ -79,14 +81,34 @@ async def test_telemetry_of_every_kind(
     async with ReplyReader(settings, topics) as client:
         await produce(settings, topics.dispatch("main"), [dispatched(0, client.topic)])
         await client.wait_terminals(1)
-    seen = await read_telemetry(
-        settings, topics, {"request_completed", "engine_stats", "gpu_stats", "worker_heartbeat"}
-    )
-    assert set(seen) >= {"request_completed", "engine_stats", "gpu_stats", "worker_heartbeat"}
+    kinds = {"request_completed", "worker_report", "engine_stats", "gpu_stats", "worker_heartbeat"}
+    seen = await read_telemetry(settings, topics, kinds)
+    assert set(seen) >= kinds
     (done,) = seen["request_completed"]
     assert done.request_id == "req-0"  # type: ignore[attr-defined]
     assert done.completion_tokens == 32  # type: ignore[attr-defined]
+    assert done.seq == 1  # type: ignore[attr-defined]
     assert all(g.simulated for g in seen["gpu_stats"])  # type: ignore[attr-defined]
+    # the request is in one report's summary, and the reports after it count it done
+    summary = await first_summary(settings, topics)
+    assert (summary.count, summary.errors, summary.completion_tokens) == (1, 0, 32)
+    assert summary.latency.count == 1
+
+
+async def first_summary(settings: CommonSettings, topics: Topics) -> RequestSummary:
+    """The first report's summary that holds a request."""
+    consumer = make_consumer(settings, topics.telemetry, group_id=None)
+    await consumer.start()
+    try:
+        async with asyncio.timeout(30):
+            async for record in consumer:
+                report = decode(TELEMETRY, record.value)
+                if isinstance(report, WorkerReport) and report.requests and report.requests.count:
+                    assert report.heartbeat.completed_total == report.requests.count
+                    return report.requests
+    finally:
+        await consumer.stop()
+    raise AssertionError("the consumer stopped")
 
 
 @pytest.mark.parametrize("worker", [{"sim_time_scale": 100.0}], indirect=True)

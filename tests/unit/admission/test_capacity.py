@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import Priority, RequestCompleted, Tier
+from schemas import WorkerReport
 from services.admission.capacity import CapacityConfig, FleetCapacity, PoolView
 from tests.admission_helpers import engine_stats, heartbeat
 
@@ -255,32 +255,48 @@ def test_one_instance_never_queues_more_than_the_slack_in_kafka(
             cap.report("w", "main", batch_limit=limit, in_flight=len(running), now=now)
 
 
-def completed(worker: str, request_id: str) -> RequestCompleted:
-    return RequestCompleted(
-        worker_id=worker,
-        pool="main",
-        request_id=request_id,
-        tenant="acme",
-        priority=Priority.STANDARD,
-        tier=Tier.PRO,
-        queue_wait_ms=1.0,
-        latency_ms=10.0,
-        prompt_tokens=100,
-        completion_tokens=5,
-        at=1.0,
-    )
-
-
 def test_observe_reads_each_kind_of_telemetry() -> None:
     cap = fleet()
     cap.observe(engine_stats("w1", "main", batch_limit=8, in_flight=2), now=0.0)
     cap.observe(heartbeat("w2", status="starting"), now=0.0)
     assert slots_of(cap.view("main", now=0.0)) == PoolView(2, slots=16, in_pool=2, free=14)
-    cap.observe(heartbeat("w2", status="draining"), now=0.5)
+    report = WorkerReport(
+        worker_id="w2", pool="main", at=1.0, heartbeat=heartbeat("w2", status="draining")
+    )
+    cap.observe(report, now=0.5)
     cap.dispatched("main", "r1", 0.6)
     assert slots_of(cap.view("main", now=0.6)) == PoolView(1, slots=8, in_pool=3, free=5)
-    cap.observe(completed("w1", "r1"), now=0.7)  # the ledger's and a reported slot
+    cap.completed("w1", "r1", now=0.7)  # the ledger's and a reported slot
     assert slots_of(cap.view("main", now=0.7)) == PoolView(1, slots=8, in_pool=1, free=7)
+
+
+def test_numbered_completions_count_only_against_reports_that_do_not_reflect_them() -> None:
+    """Completions and reports are separate topics, read in any order: a completion the
+    report already reflects (its ``seq`` <= the report's ``completed_total``) frees
+    nothing twice, whichever came first."""
+    cap = fleet()
+
+    def report(in_flight: int, completed_total: int) -> None:
+        cap.report(
+            "w1",
+            "main",
+            batch_limit=8,
+            in_flight=in_flight,
+            now=0.0,
+            completed_total=completed_total,
+        )
+
+    report(in_flight=4, completed_total=10)
+    cap.completed("w1", "a", now=0.1, seq=11)  # after the report: one slot freed
+    assert cap.view("main", now=0.1).in_pool == 3
+    cap.completed("w1", "b", now=0.1, seq=12)
+    report(in_flight=3, completed_total=11)  # reflects 11, not 12 yet
+    assert cap.view("main", now=0.1).in_pool == 2
+    report(in_flight=2, completed_total=12)  # the completion came before this report
+    assert cap.view("main", now=0.1).in_pool == 2
+    report(in_flight=5, completed_total=0)  # a restarted worker counts from 0 again
+    cap.completed("w1", "c", now=0.2, seq=1)
+    assert cap.view("main", now=0.2).in_pool == 4
 
 
 def slots_of(view: PoolView) -> PoolView:

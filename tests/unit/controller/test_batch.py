@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Iterable
@@ -10,9 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import Priority, RequestCompleted, Tier
-from services.controller.engine import inter_token_ms
-from services.controller.policy.batch import AdaptiveBatchLimit, BatchConfig
+from services.controller.policy.batch import AdaptiveBatchLimit, BatchConfig, Samples
 from services.controller.policy.decision import Decision, DecisionKind
 
 pytestmark = pytest.mark.unit
@@ -27,7 +26,7 @@ def run(
     """One sample a second; the decisions made."""
     decisions = []
     for i, latency in enumerate(latencies):
-        decision = controller.observe(start + i, latency)
+        decision = controller.observe(start + i, Samples.one(latency))
         if decision is not None:
             decisions.append(decision)
     return decisions
@@ -64,7 +63,7 @@ def test_ewma_is_pandas_adjusted_ewm_with_span_50() -> None:
     controller = AdaptiveBatchLimit("worker:w1", 64, FAST)
     alpha = 2 / 51
     for n, latency in enumerate(latencies, start=1):
-        controller.observe(float(n), latency)
+        controller.observe(float(n), Samples.one(latency))
         weights = [(1 - alpha) ** (n - 1 - i) for i in range(n)]
         expected = sum(w * x for w, x in zip(weights, latencies[:n], strict=True)) / sum(weights)
         assert controller.ewma_ms == pytest.approx(expected, rel=1e-12)
@@ -73,7 +72,7 @@ def test_ewma_is_pandas_adjusted_ewm_with_span_50() -> None:
 def test_no_adjustment_before_the_volatility_window_is_full() -> None:
     controller = AdaptiveBatchLimit("worker:w1", 64, FAST)
     assert run(controller, [5 * SLA] * 29) == []
-    decision = controller.observe(29.0, 5 * SLA)
+    decision = controller.observe(29.0, Samples.one(5 * SLA))
     assert decision is not None
     assert decision.new_state == 44
 
@@ -160,8 +159,10 @@ def test_invalid_config_is_rejected(bad: dict[str, float]) -> None:
 
 @pytest.mark.parametrize("latency", [-1.0, float("nan"), float("inf")])
 def test_invalid_latency_is_rejected(latency: float) -> None:
-    with pytest.raises(ValueError, match="latency_ms"):
-        AdaptiveBatchLimit("worker:w1", 64).observe(0.0, latency)
+    with pytest.raises(ValueError, match="latency_mean_ms"):
+        Samples.one(latency)
+    with pytest.raises(ValueError, match="count"):
+        Samples(0, 10.0)
 
 
 def test_invalid_max_num_seqs_is_rejected() -> None:
@@ -185,7 +186,7 @@ def test_limit_always_within_floor_ceiling_and_max_num_seqs(
     for gap, latency in samples:
         now += gap
         before = controller.limit
-        decision = controller.observe(now, latency)
+        decision = controller.observe(now, Samples.one(latency))
         assert min(4, cap) <= controller.limit <= cap
         if decision is not None:
             assert (decision.previous_state, decision.new_state) == (before, controller.limit)
@@ -238,7 +239,7 @@ def run_tokens(
 ) -> list[Decision[int]]:
     decisions = []
     for i, (latency, ttft, itl) in enumerate(samples):
-        decision = controller.observe(float(i), latency, ttft, itl)
+        decision = controller.observe(float(i), Samples.one(latency, ttft, itl))
         if decision is not None:
             decisions.append(decision)
     return decisions
@@ -274,28 +275,6 @@ def test_requests_without_token_figures_leave_the_token_signals_alone() -> None:
     """A static reply or a one-token answer has no ITL; an error may have no TTFT."""
     controller = AdaptiveBatchLimit("worker:w1", 512, TOKENS, initial_limit=64)
     assert run_tokens(controller, [(0.5 * SLA, None, None)] * 30)[0].new_state == 71
-
-
-def test_inter_token_latency_of_a_completed_request() -> None:
-    def done(ttft: float | None, latency: float, tokens: int) -> RequestCompleted:
-        return RequestCompleted(
-            worker_id="w1",
-            pool="main",
-            request_id="r1",
-            tenant="t",
-            priority=Priority.VIP,
-            tier=Tier.ENTERPRISE,
-            queue_wait_ms=0.0,
-            ttft_ms=ttft,
-            latency_ms=latency,
-            prompt_tokens=10,
-            completion_tokens=tokens,
-            at=1.0,
-        )
-
-    assert inter_token_ms(done(100.0, 1_100.0, 11)) == 100.0
-    assert inter_token_ms(done(100.0, 100.0, 1)) is None
-    assert inter_token_ms(done(None, 500.0, 5)) is None
 
 
 # -- the engine's reports -----------------------------------------------------------
@@ -340,14 +319,14 @@ def test_no_growth_while_the_engine_keeps_a_waiting_queue() -> None:
     decisions: list[Decision[int]] = []
     for i in range(60):
         assert controller.observe_engine(float(i), 0, waiting=4, kv_cache_usage=0.7) is None
-        decision = controller.observe(float(i), 0.1 * SLA)
+        decision = controller.observe(float(i), Samples.one(0.1 * SLA))
         if decision is not None:
             decisions.append(decision)
     assert decisions == []  # a queue held since t=0: the limit is not what binds
     # A queue that empties at each report is not a held queue: growth resumes.
     for i in range(60, 100):
         controller.observe_engine(float(i), 0, waiting=4 if i % 2 else 0, kv_cache_usage=0.7)
-        decision = controller.observe(float(i), 0.1 * SLA)
+        decision = controller.observe(float(i), Samples.one(0.1 * SLA))
         if decision is not None:
             decisions.append(decision)
     assert decisions
@@ -362,3 +341,57 @@ def test_preemptions_never_take_the_limit_below_the_floor() -> None:
         limits.append(controller.limit)
         assert decision is None or decision.new_state >= controller.floor
     assert set(limits) == {4}  # 5 x 0.7 -> the floor at once, and there it stays
+
+
+def summary_of(latencies: list[float]) -> Samples:
+    mean = statistics.fmean(latencies)
+    return Samples(len(latencies), mean, math.fsum((x - mean) ** 2 for x in latencies))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(
+        st.lists(st.floats(1.0, 20 * SLA), min_size=1, max_size=12), min_size=1, max_size=40
+    )
+)
+def test_volatility_pools_summaries_exactly(groups: list[list[float]]) -> None:
+    """Reports holding several requests pool into the standard deviation of the latest
+    reports that hold at least 30 requests, as if every request had come alone."""
+    controller = AdaptiveBatchLimit("worker:w1", 64, FAST, initial_limit=32)
+    decision = None
+    for i, group in enumerate(groups):
+        decision = controller.observe(float(i), summary_of(group))
+        if decision is not None:
+            break
+    kept: list[list[float]] = []
+    for group in reversed(groups[: i + 1]):
+        if sum(len(g) for g in kept) >= FAST.volatility_samples:
+            break
+        kept.insert(0, group)
+    values = [x for g in kept for x in g]
+    if len(values) < FAST.volatility_samples:
+        assert decision is None
+        return
+    if decision is not None:
+        assert decision.evidence.metrics["samples"] == len(values)
+        assert decision.evidence.metrics["latency_std_ms"] == pytest.approx(
+            statistics.stdev(values), rel=1e-9, abs=1e-9
+        )
+
+
+def test_a_summary_weighs_as_its_requests() -> None:
+    """n requests of one mean move the EWMA as n requests one by one would."""
+    one_by_one = AdaptiveBatchLimit("worker:w1", 64, FAST)
+    together = AdaptiveBatchLimit("worker:w2", 64, FAST)
+    for i in range(10):
+        for _ in range(7):
+            one_by_one.observe(float(i), Samples.one(100.0 + i))
+        together.observe(float(i), Samples(7, 100.0 + i))
+    assert together.ewma_ms == pytest.approx(one_by_one.ewma_ms, rel=1e-12)
+
+
+def test_thirty_requests_in_one_report_are_enough_to_decide() -> None:
+    controller = AdaptiveBatchLimit("worker:w1", 64, FAST, initial_limit=32)
+    decision = controller.observe(0.0, summary_of([2 * SLA] * 30))
+    assert decision is not None
+    assert decision.new_state == 22

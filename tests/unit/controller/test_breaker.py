@@ -190,6 +190,34 @@ def test_half_open_probes_all_succeed_then_closed() -> None:
     assert decision.evidence.thresholds["probe_requests"] == 3
 
 
+@pytest.mark.parametrize(
+    ("batches", "closes_at"),
+    [([3], 0), ([1, 1, 1], 2), ([2, 5], 1), ([1, 0, 1, 1], 3)],
+)
+def test_probes_reported_together_count_as_many(batches: list[int], closes_at: int) -> None:
+    """Passed probes reported in batches (a report interval's): the circuit closes with
+    the batch that brings the count to ``half_open_probes``, the evidence counting them."""
+    row = MATRIX[0]
+    breaker = tripped_breaker(row)
+    recover(breaker, row, 1.0)
+    decisions = [breaker.record_probes(200.0 + i, n, 0) for i, n in enumerate(batches)]
+    assert [i for i, d in enumerate(decisions) if d is not None] == [closes_at]
+    closed = decisions[closes_at]
+    assert closed is not None
+    assert closed.new_state == BreakerStatus()
+    assert closed.evidence.metrics["probe_successes"] == 3
+
+
+def test_a_failure_in_a_batch_of_probes_fails_the_probe() -> None:
+    row = MATRIX[0]
+    breaker = tripped_breaker(row)
+    recover(breaker, row, 1.0)
+    failed = breaker.record_probes(200.0, 10, 1)
+    assert failed is not None
+    assert failed.new_state.circuit is Circuit.OPEN
+    assert breaker.record_probes(201.0, 5, 0) is None  # open: probes are not counted
+
+
 def test_a_failed_probe_opens_again_and_waits_before_probing_again() -> None:
     row = MATRIX[2]
     breaker = tripped_breaker(row)

@@ -18,10 +18,8 @@ from schemas import (
     EngineLimitsInfo,
     EngineStats,
     GpuStats,
-    Priority,
-    RequestCompleted,
-    Tier,
     WorkerHeartbeat,
+    WorkerReport,
 )
 from services.controller.engine import (
     EngineConfig,
@@ -36,6 +34,7 @@ from services.controller.engine import (
 )
 from services.controller.policy import Evidence as PolicyEvidence
 from services.controller.policy import HeartbeatConfig
+from services.workers.summary import RequestSummarizer
 
 pytestmark = pytest.mark.unit
 
@@ -43,22 +42,20 @@ T0 = 1_700_000_000.0
 GIB = 1024**3
 
 
-def request(
-    worker: str, at: float, latency_ms: float = 100.0, error: bool = False, i: int = 0
-) -> RequestCompleted:
-    return RequestCompleted(
+def report(
+    worker: str, at: float, latencies_ms: Iterable[float] = (), errors: int = 0
+) -> WorkerReport:
+    """A worker's report at ``at``: its heartbeat and the requests it finished (the
+    first ``errors`` of them failed)."""
+    summary = RequestSummarizer(at - 1.0)
+    for i, latency in enumerate(latencies_ms):
+        summary.add(latency, ok=i >= errors, prompt_tokens=10, completion_tokens=10)
+    return WorkerReport(
         worker_id=worker,
         pool="main",
-        request_id=f"r{i}",
-        tenant="acme",
-        priority=Priority.STANDARD,
-        tier=Tier.PRO,
-        queue_wait_ms=1.0,
-        latency_ms=latency_ms,
-        prompt_tokens=10,
-        completion_tokens=10,
-        error="engine_error" if error else None,
         at=at,
+        heartbeat=heartbeat(worker, at),
+        requests=summary.take(at),
     )
 
 
@@ -175,7 +172,7 @@ class Fleet:
         """``n`` requests (the first ``errors`` of them failed) over ``spread_s``."""
         for i in range(n):
             self.now += spread_s / n
-            self.feed(request(worker, self.now, latency_ms, error=i < errors, i=i))
+            self.feed(report(worker, self.now, [latency_ms], errors=int(i < errors)))
 
 
 def test_a_pool_and_a_worker_get_an_explicit_first_state() -> None:
@@ -275,6 +272,57 @@ def test_errors_trip_the_worker_and_pool_breakers_and_the_ladder() -> None:
     assert isinstance(ladder, DegradationLevel)
     assert (ladder.level, ladder.max_tokens_cap, ladder.small_pool) == (2, 512, "small")
     assert ladder.evidence.metrics["error_rate"] == pytest.approx(0.5)
+
+
+def test_a_report_of_many_requests_trips_as_its_requests_one_by_one() -> None:
+    """One report summarizing 40 requests, 20 failed: the same breaker decisions, with
+    the same evidence, as 40 requests reported one by one."""
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0))
+    fleet.now += 1.0
+    fleet.feed(report("w1", fleet.now, [100.0] * 40, errors=20))
+    out = fleet.tick()
+    (worker,) = of_kind(out.changes, BreakerState, "worker:w1")
+    assert isinstance(worker, BreakerState)
+    assert (worker.state, worker.tripped) == ("open", ("error_rate",))
+    assert worker.evidence.metrics["error_rate"] == pytest.approx(0.5)
+
+
+def test_the_pool_p99_merges_the_workers_sketches() -> None:
+    """Latency quantiles over reports of two workers: within the sketch's accuracy of
+    the quantile of every request they summarize."""
+    fleet = Fleet()
+    fast, slow = [float(50 + i) for i in range(99)], [float(4_000 + i) for i in range(99)]
+    fleet.feed(report("w1", T0 + 1, fast), report("w2", T0 + 1, slow))
+    fleet.tick(advance=1.0)
+    p99 = fleet.engine.inputs["pool:main"]["latency_p99_ms"]
+    assert p99 == pytest.approx(sorted(fast + slow)[round(0.99 * 197)], rel=0.02)
+
+
+def test_probes_reported_together_close_a_half_open_breaker_and_a_failure_among_them_reopens() -> (
+    None
+):
+    config = EngineConfig(heartbeat=HeartbeatConfig(timeout_s=10.0))
+    for errors, expected in ((0, "closed"), (1, "open")):
+        fleet = Fleet(config)
+        fleet.feed(heartbeat("w1", T0))
+        fleet.tick(advance=11.0)
+        fleet.feed(heartbeat("w1", fleet.now))
+        assert breaker_states(fleet.events, "worker:w1")[-1] == "half_open"
+        fleet.now += 1.0
+        fleet.feed(report("w1", fleet.now, [100.0] * 5, errors=errors))
+        assert breaker_states(fleet.events, "worker:w1")[-1] == expected
+
+
+def test_a_report_whose_heartbeat_says_stopped_forgets_the_worker() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0))
+    fleet.engine.take_records()
+    stopped = report("w1", T0).model_copy(
+        update={"heartbeat": heartbeat("w1", T0, status="stopped")}
+    )
+    fleet.feed(stopped)
+    assert fleet.engine.take_records().workers == {"w1": None}
 
 
 def test_preemptions_shrink_the_worker_limit_and_sustained_ones_take_the_pool_to_level_1() -> None:

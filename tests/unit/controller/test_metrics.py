@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY
 from schemas import TelemetryEvent
 from services.controller.engine import EngineConfig, PoolEngine
 from services.controller.metrics import StateExporter
-from tests.unit.controller.test_engine import T0, engine_stats, gpu, heartbeat, request
+from tests.unit.controller.test_engine import T0, engine_stats, gpu, heartbeat, report
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +25,7 @@ def test_states_and_inputs_are_exported_and_ghosts_removed() -> None:
         heartbeat(worker, T0),
         engine_stats(worker, T0, batch_limit=16),
         gpu(worker, T0, temperature_c=91.0),
-        *(request(worker, T0, error=True, i=i) for i in range(30)),
+        report(worker, T0, [100.0] * 30, errors=30),
     ]
     for event in telemetry:
         engine.observe(event, T0)

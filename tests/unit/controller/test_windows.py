@@ -9,6 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas import LatencySketch
+from schemas.telemetry import SKETCH_RELATIVE_ACCURACY
+from services.common.sketch import SketchBuilder, ddsketch_of
 from services.controller.policy.decision import Reading
 from services.controller.policy.windows import GaugeWindow, RequestWindow, ShareWindow
 
@@ -236,3 +239,45 @@ def test_repeated_queries_answer_as_a_fresh_fold_of_the_same_samples(
                 want.p50_ms,
                 want.p99_ms,
             )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    reports=st.lists(
+        st.lists(st.tuples(st.floats(0.0, 120_000.0), st.booleans()), max_size=30),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_reports_summarized_by_workers_read_as_their_requests_one_by_one(
+    reports: list[list[tuple[float, bool]]],
+) -> None:
+    """Sketches built where requests finish, sent on the wire and merged here: the same
+    counts, and quantiles within the relative accuracy, as a window fed every request."""
+    summarized, one_by_one = RequestWindow(), RequestWindow()
+    for second, requests in enumerate(reports):
+        builder = SketchBuilder()
+        for latency, ok in requests:
+            builder.add(latency)
+            one_by_one.record(float(second), latency, ok)
+        wire = LatencySketch.model_validate_json(builder.wire().model_dump_json())
+        failed = sum(1 for _, ok in requests if not ok)
+        summarized.record_many(float(second), ddsketch_of(wire), failed)
+    now = float(len(reports))
+    a, b = summarized.stats(now), one_by_one.stats(now)
+    assert (a.count, a.errors) == (b.count, b.errors)
+    values = sorted(x for requests in reports for x, _ in requests)
+    if not values:
+        assert a.p99_ms is None
+        return
+    for quantile, got in ((0.5, a.p50_ms), (0.99, a.p99_ms)):
+        exact = values[math.floor(quantile * (len(values) - 1))]
+        assert got is not None
+        assert got == pytest.approx(exact, rel=SKETCH_RELATIVE_ACCURACY, abs=1e-6)
+
+
+def test_a_summary_cannot_report_more_errors_than_requests() -> None:
+    builder = SketchBuilder()
+    builder.add(10.0)
+    with pytest.raises(ValueError, match="errors"):
+        RequestWindow().record_many(0.0, ddsketch_of(builder.wire()), 2)

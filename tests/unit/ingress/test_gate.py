@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from prometheus_client import REGISTRY
 
-from schemas import ChatMessage, ClientMeta, InferenceRequest, Priority, ReasonCode, Tier
+from schemas import (
+    ChatMessage,
+    ClientMeta,
+    InferenceRequest,
+    Priority,
+    QuotaHint,
+    RateLimitInfo,
+    ReasonCode,
+    Tier,
+)
 from services.ingress.keys import DAY_S, KeyRecord, check
 from services.ingress.keystore import TenantPolicy
+from services.ingress.openai import error_for_refusal
 from services.ingress.pipeline import Principal, Refusal
 from tests.unit.ingress.conftest import Parts
 
@@ -112,3 +124,36 @@ def test_cheap_filters(parts: Parts) -> None:
     assert gate.check_user_agent("curl/8") is None
     assert gate.region("203.0.113.200") == "eu-west"
     assert gate.region("not an ip") == ""
+
+
+async def test_a_quota_hint_refuses_its_tenant_until_it_passes(parts: Parts) -> None:
+    """Admission found big-co's requests bucket empty for 1.5 s: ingress answers its
+    requests itself until then (429, the rejection's figures), then lets them through
+    to admission again; other tenants are not touched."""
+    now = parts.clock.time()
+    info = RateLimitInfo(limit=20, remaining=0, reset_s=20.0, retry_after_s=2.0)
+    parts.gate.hints.observe(
+        QuotaHint(tenant="big-co", until=now + 1.5, issued_at=now - 0.5, rate_limit=info), now
+    )
+    refused = await parts.gate.prepare(request(parts), principal(parts))
+    assert isinstance(refused, Refusal)
+    assert (refused.reason, refused.code, refused.retry_after_s) == (
+        ReasonCode.QUOTA_EXCEEDED,
+        "quota_exceeded",
+        2,
+    )
+    assert refused.rate_limit == RateLimitInfo(
+        limit=20, remaining=0, reset_s=19.5, retry_after_s=2.0
+    )
+    error = error_for_refusal(refused)
+    assert error.status == 429
+    assert error.headers == {
+        "X-RateLimit-Limit": "20",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": "20",
+        "Retry-After": "2",
+    }
+    other = dataclasses.replace(principal(parts), tenant="small-co")
+    assert isinstance(await parts.gate.prepare(request(parts), other), InferenceRequest)
+    parts.clock.advance(1.5)
+    assert isinstance(await parts.gate.prepare(request(parts), principal(parts)), InferenceRequest)

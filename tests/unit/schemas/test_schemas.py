@@ -22,7 +22,11 @@ MODELS = {m.__name__: m for m in TOP_LEVEL}
 
 # Rules a JSON Schema cannot say, enforced by model validators (InferenceRequest: exactly
 # one of prompt/messages; the deadline not before creation).
-MODEL_LEVEL_RULES = ("exactly one of 'prompt' and 'messages'", "'deadline_at' is before")
+MODEL_LEVEL_RULES = (
+    "exactly one of 'prompt' and 'messages'",
+    "'deadline_at' is before",
+    "every part of a report is its own worker's and pool's",
+)
 
 
 def test_exported_files_match_the_models() -> None:
