@@ -5,7 +5,9 @@ A hint refuses only before its ``until`` and never admits anything: a request it
 not refuse goes to admission, the authority, as before. Compared on this host's clock
 with ``until`` (the quota store's): a clock behind the store's refuses up to the skew
 longer (NTP keeps it to milliseconds). At most ``max_tenants`` hints are held; when
-full, hints that have passed are dropped, then the one that ends soonest.
+full, hints that have passed are dropped, then the one that ends soonest. A hint covers
+at most ``max_hint_s`` from when it is read, whatever its ``until`` says: a longer wait
+is confirmed by admission again, and a forged hint cannot lock a tenant out for long.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from schemas import QuotaHint
 @dataclass
 class QuotaHints:
     max_tenants: int = 100_000
+    max_hint_s: float = 60.0
     _hints: dict[str, QuotaHint] = field(default_factory=dict)
 
     def observe(self, hint: QuotaHint, now: float) -> None:
+        if hint.until > now + self.max_hint_s:
+            hint = hint.model_copy(update={"until": now + self.max_hint_s})
         held = self._hints.get(hint.tenant)
         if (
             self.max_tenants <= 0

@@ -3,12 +3,13 @@ built up while ingress was down is answered in full once it is back.
 
 Hostile records: a hypothesis-drawn corpus on every topic the services consume — the
 ingress topic, the three priority topics, a dispatch topic, telemetry, completions,
-control and a client's reply topic: random bytes, truncated and deeply nested JSON, documents drawn
-from the JSON Schemas with fields of the wrong type, unsupported schema versions,
-values of nearly 1 MB, reply topics that do not exist or are no reply topic, and valid
-records answering to the test's own reply topic. Every record is answered there or
-dead-lettered (by its topic, partition and offset); every service keeps its process;
-a normal request is served afterwards."""
+quota hints, control and a client's reply topic: random bytes, truncated and deeply
+nested JSON, documents drawn from the JSON Schemas with fields of the wrong type,
+unsupported schema versions, values of nearly 1 MB, reply topics that do not exist or
+are no reply topic, and valid records answering to the test's own reply topic. Every
+record is answered there or dead-lettered (by its topic, partition and offset) — but
+quota hints, which every ingress reads and skips when invalid; every service keeps its
+process; a normal request is served afterwards."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from services.common.serde import (
     COMPLETION,
     CONTROL,
     DISPATCH,
+    HINT,
     INGRESS,
     REPLY,
     REQUEST,
@@ -147,6 +149,9 @@ class Corpus:
         self._count = 0
 
     def expect(self, topic: str, value: bytes, adapter: TypeAdapter[Any]) -> None:
+        if topic == self.topics.quota_hints:  # every ingress reads it: skipped, counted
+            self.records.append(Hostile(topic, value, None, silent=True))
+            return
         headers: tuple[tuple[str, bytes], ...] = ()
         signed = False
         if topic == self.topics.ingress:
@@ -228,6 +233,8 @@ def build_corpus(topics: Topics, ours: str, sdk_topic: str, key: str, key_id: st
         )
     ).map(lambda d: json.dumps(d).encode())
     targets.append((topics.telemetry, TELEMETRY, st.one_of(_garbage(request_bytes), telemetry)))
+    hints = from_schema(_schema("QuotaHint")).map(lambda d: json.dumps(d).encode())
+    targets.append((topics.quota_hints, HINT, st.one_of(_garbage(request_bytes), hints)))
     completions = from_schema(_schema("RequestCompleted")).map(lambda d: json.dumps(d).encode())
     targets.append(
         (topics.completions, COMPLETION, st.one_of(_garbage(request_bytes), completions))

@@ -67,3 +67,12 @@ def test_the_table_stays_bounded_and_never_covers_past_a_hints_until(
             covered = hints.covering(t, now)
             if covered is not None:
                 assert now < covered.until <= until
+
+
+def test_a_hint_covers_at_most_max_hint_s_from_when_it_is_read() -> None:
+    """A hint that says "for a day" (forged, or a tier refilling once a day) covers a
+    minute; then admission is asked again."""
+    hints = QuotaHints(max_hint_s=60.0)
+    hints.observe(hint("a", T0 + 86_400), T0)
+    assert hints.covering("a", T0 + 59.9) is not None
+    assert hints.covering("a", T0 + 60.0) is None
