@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import redis
 from _common import machine, output_dir, ratio, summary
 from aiokafka import TopicPartition
+from fairness import cpu_seconds
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -80,18 +80,6 @@ async def priority_records(stack: Stack) -> int:
         return sum((await consumer.end_offsets(tps)).values())
     finally:
         await consumer.stop()
-
-
-def cpu_seconds(stack: Stack) -> dict[str, float]:
-    out: dict[str, float] = {}
-    root = psutil.Process(stack.proc.pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            name = proc.environ().get("SEAWALL_INSTANCE_ID") or proc.name()
-            out[name] = out.get(name, 0.0) + sum(proc.cpu_times()[:2])
-        except psutil.Error:
-            continue
-    return out
 
 
 async def abuse(url: str, key: str, loops: int, until: float) -> Counter[int]:
