@@ -150,7 +150,7 @@ class Controller(Component):
         self.engines: dict[str, PoolEngine] = {}
         """The pools this instance owns now."""
         self._lock = asyncio.Lock()
-        self._exporter = m.StateExporter()
+        self._exporter = m.StateExporter(worker_signals=settings.controller_worker_signals)
         self._producer = make_producer(settings)
         self._dead_letters = DeadLetters(
             self._producer, self.topics.deadletter, "controller", clock

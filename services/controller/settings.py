@@ -21,6 +21,11 @@ class ControllerSettings(CommonSettings):
     controller_time_scale: float = Field(default=1.0, gt=0, le=100)
     controller_tick_s: float = Field(default=1.0, gt=0, le=60)
     """How often every scope is evaluated (hold timers advance without telemetry too)."""
+    controller_worker_signals: bool = False
+    """Export each worker's policy inputs as ``seawall_controller_signal`` series (about
+    eight a worker; the pools' are always exported). Off by default: at a thousand
+    workers they are most of the controller's series and of its scrape time, and every
+    worker decision's event carries the numbers behind it anyway."""
     controller_react_s: float = Field(default=0.02, gt=0, le=60)
     """A pool that got telemetry is evaluated at once, not at the next tick, but at most
     once per this (so a stream of records costs at most 1 / react_s evaluations a

@@ -30,7 +30,7 @@ def test_states_and_inputs_are_exported_and_ghosts_removed() -> None:
     for event in telemetry:
         engine.observe(event, T0)
     engine.tick(T0 + 1)
-    exporter = StateExporter()
+    exporter = StateExporter(worker_signals=True)
     exporter.export([engine])
 
     limit, ewma = engine.batch_limits()[worker]
@@ -52,3 +52,16 @@ def test_states_and_inputs_are_exported_and_ghosts_removed() -> None:
     assert sample("seawall_controller_breaker_state", scope=scope) is None
     assert sample("seawall_controller_signal", scope=scope, signal="error_rate") is None
     assert sample("seawall_controller_breaker_state", scope="pool:main") == 2
+
+
+def test_worker_signals_are_exported_only_when_asked_for() -> None:
+    engine = PoolEngine("quiet", EngineConfig(), T0)
+    engine.observe(heartbeat("quiet-w1", T0), T0)
+    engine.tick(T0 + 1)
+    exporter = StateExporter()
+    exporter.export([engine])
+    assert sample("seawall_controller_breaker_state", scope="worker:quiet-w1") == 0
+    assert (
+        sample("seawall_controller_signal", scope="worker:quiet-w1", signal="cpu_percent") is None
+    )
+    assert sample("seawall_controller_signal", scope="pool:quiet", signal="cpu_percent") == 20.0
