@@ -12,7 +12,8 @@ app's internal topic ``<app id>-telemetry-by-pool``, keyed by pool, where the ``
 agent reads it. Deciding feeds the record to that pool's ``PoolEngine``; a timer task
 evaluates every owned pool each ``controller_tick_s`` (holds advance and heartbeat loss
 shows without telemetry) and re-publishes the decisions in force; a pool that got
-telemetry is evaluated as soon as the timer task is free (it rests
+telemetry is evaluated — the pool and the workers that sent it, not the whole pool
+(``PoolEngine.react``) — as soon as the timer task is free (it rests
 ``controller_react_s`` between evaluations, or ``EVALUATION_REST`` times as long as the
 last one took), so a threshold crossed is decided within one broker hop and that rest,
 not at the next tick. Control events go to
@@ -341,14 +342,18 @@ class Controller(Component):
         m.TICK_SECONDS.set(time.monotonic() - started)
 
     async def evaluate(self, pools: Iterable[str]) -> None:
-        """Evaluate these pools, those of them this instance owns."""
+        """React in these pools, those of them this instance owns: each pool and its
+        workers that sent telemetry (``PoolEngine.react``)."""
         async with self._lock:
             now = self.clock.time()
-            await self._evaluate([self.engines[p] for p in pools if p in self.engines], now)
+            engines = [self.engines[p] for p in pools if p in self.engines]
+            await self._evaluate(engines, now, full=False)
 
-    async def _evaluate(self, engines: Sequence[PoolEngine], now: float) -> None:
+    async def _evaluate(
+        self, engines: Sequence[PoolEngine], now: float, *, full: bool = True
+    ) -> None:
         for engine in engines:
-            output = engine.tick(now)
+            output = engine.tick(now) if full else engine.react(now)
             await self._publish(engine, output)
             m.count_output(None, output)
 

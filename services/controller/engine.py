@@ -403,6 +403,8 @@ class PoolEngine:
         self._ladder = DegradationLadder(self.scope, config.degradation)
         self.inputs: dict[str, dict[str, float]] = {}
         """Per scope, the signals of the last evaluation (for the metrics)."""
+        self._observed: set[str] = set()
+        """Workers with telemetry since the last evaluation (``react`` evaluates them)."""
         if record is None:
             first = PolicyEvidence(reason=f"pool {pool} first seen")
             self._issue_breaker(self.scope, BreakerStatus(), first, None, now)
@@ -528,6 +530,7 @@ class PoolEngine:
             self._forget(f"worker:{event.worker_id}")
             return self._output()
         worker = self._worker(event.worker_id, now)
+        self._observed.add(worker.scope)
         if isinstance(event, WorkerReport):
             for part in event.parts():
                 self._on_reading(worker, part, now)
@@ -642,11 +645,25 @@ class PoolEngine:
             worker = self._workers[lost.scope]
             worker.lost_since = now
             self._breaker_decision(worker.breaker.on_liveness(lost))
-        cfg = self.config
+        forget_after_s = self.config.forget_after_s
         for worker in list(self._workers.values()):
-            if worker.lost_since is not None and now - worker.lost_since > cfg.forget_after_s:
+            if worker.lost_since is not None and now - worker.lost_since > forget_after_s:
                 self._forget(worker.scope)
-                continue
+        return self._evaluate(now, list(self._workers.values()))
+
+    def react(self, now: float) -> Output:
+        """Evaluate the pool and the workers that sent telemetry since the last
+        evaluation: what a record can change at once. A worker's holds that run out
+        without telemetry wait for the next ``tick`` (a second at most, by default), so
+        that reacting to a record costs its worker, not the whole pool."""
+        now = self._advance(now)
+        workers = [self._workers[s] for s in self._observed if s in self._workers]
+        return self._evaluate(now, workers)
+
+    def _evaluate(self, now: float, workers: list[_Worker]) -> Output:
+        cfg = self.config
+        self._observed.clear()
+        for worker in workers:
             readings = breaker_readings(
                 cfg.breaker, now, worker.requests, worker.cpu, worker.gpu_memory
             )

@@ -668,3 +668,20 @@ def test_time_scale_multiplies_every_window_and_hold_but_no_threshold() -> None:
 def test_republishing_must_be_more_frequent_than_validity() -> None:
     with pytest.raises(ValueError, match="republish_s"):
         EngineConfig(republish_s=60.0, valid_for_s=60.0)
+
+
+def test_react_evaluates_the_workers_that_reported_and_tick_all_of_them() -> None:
+    """A worker whose errors trip its breaker is decided at the next reaction once its
+    own report came; a worker that went silent with its trip hold running out is decided
+    at the next full tick."""
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0))
+    fleet.tick()
+    fleet.engine.inputs.clear()
+    fleet.serve("w1", 40, errors=20)
+    out = fleet.engine.react(fleet.now)
+    assert breaker_states(out.changes, "worker:w1") == ["open"]
+    assert set(fleet.engine.inputs) == {"worker:w1", "pool:main"}  # w2 sent nothing since
+    assert fleet.engine.react(fleet.now).changes == ()  # nothing observed since
+    fleet.tick()
+    assert {"worker:w1", "worker:w2", "pool:main"} <= set(fleet.engine.inputs)
