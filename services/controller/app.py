@@ -309,10 +309,12 @@ class Controller(Component):
     # -- timer -----------------------------------------------------------------
     async def _tick_loop(self) -> None:
         """Evaluate the pools that got telemetry once the timer task is free, and every
-        owned pool each ``controller_tick_s``; after each evaluation rest
-        ``controller_react_s``, or ``EVALUATION_REST`` times as long as it took if that is
-        longer, so that evaluating never takes more than a small share of the process
-        from reading telemetry (a pool of hundreds of workers takes tens of ms)."""
+        owned pool each ``controller_tick_s``. After a reaction rest ``controller_react_s``,
+        or ``EVALUATION_REST`` times as long as it took if that is longer, so that
+        reacting never takes more than a small share of the process from reading
+        telemetry; after a full tick rest only ``controller_react_s``: its share is
+        bounded by its period, and resting four times a 1,000-worker tick (a quarter of
+        a second) held every reaction for a second."""
         settings = self.settings
         next_tick = time.monotonic() + settings.controller_tick_s
         while True:
@@ -329,32 +331,35 @@ class Controller(Component):
             if self.ready:
                 await (self.tick() if full else self.evaluate(touched))
             took = time.monotonic() - started
-            await asyncio.sleep(max(settings.controller_react_s, EVALUATION_REST * took))
+            rest = 0.0 if full else EVALUATION_REST * took
+            await asyncio.sleep(max(settings.controller_react_s, rest))
 
     async def tick(self) -> None:
         """Evaluate every pool this instance owns (adopting those it newly owns)."""
         started = time.monotonic()
         async with self._lock:
-            now = self.clock.time()
-            self._adopt_owned_pools(now)
-            await self._evaluate(list(self.engines.values()), now)
+            self._adopt_owned_pools(self.clock.time())
+        await self._evaluate(list(self.engines), full=True)
+        async with self._lock:
             self._exporter.export(self.engines.values())
         m.TICK_SECONDS.set(time.monotonic() - started)
 
     async def evaluate(self, pools: Iterable[str]) -> None:
         """React in these pools, those of them this instance owns: each pool and its
         workers that sent telemetry (``PoolEngine.react``)."""
-        async with self._lock:
-            now = self.clock.time()
-            engines = [self.engines[p] for p in pools if p in self.engines]
-            await self._evaluate(engines, now, full=False)
+        await self._evaluate(pools, full=False)
 
-    async def _evaluate(
-        self, engines: Sequence[PoolEngine], now: float, *, full: bool = True
-    ) -> None:
-        for engine in engines:
-            output = engine.tick(now) if full else engine.react(now)
-            await self._publish(engine, output)
+    async def _evaluate(self, pools: Iterable[str], *, full: bool) -> None:
+        """One pool at a time, each under the lock: the agents decide records between
+        two pools rather than waiting for all of them."""
+        for pool in pools:
+            async with self._lock:
+                engine = self.engines.get(pool)  # it may have moved meanwhile
+                if engine is None:
+                    continue
+                now = self.clock.time()
+                output = engine.tick(now) if full else engine.react(now)
+                await self._publish(engine, output)
             m.count_output(None, output)
 
     # -- pools -----------------------------------------------------------------
