@@ -309,12 +309,14 @@ class Controller(Component):
     # -- timer -----------------------------------------------------------------
     async def _tick_loop(self) -> None:
         """Evaluate the pools that got telemetry once the timer task is free, and every
-        owned pool each ``controller_tick_s``. After a reaction rest ``controller_react_s``,
-        or ``EVALUATION_REST`` times as long as it took if that is longer, so that
-        reacting never takes more than a small share of the process from reading
-        telemetry; after a full tick rest only ``controller_react_s``: its share is
-        bounded by its period, and resting four times a 1,000-worker tick (a quarter of
-        a second) held every reaction for a second."""
+        owned pool each ``controller_tick_s``. Each kind of evaluation rests in
+        proportion to its own cost (``EVALUATION_REST`` times as long as it took), so
+        that evaluating never takes more than a small share of the process from reading
+        telemetry: after a reaction the timer rests that long (at least
+        ``controller_react_s``); after a full tick only ``controller_react_s``, but the
+        next full tick waits that long — a 1,000-worker tick takes a quarter of a second,
+        and resting four times that before any reaction held every reaction for a
+        second."""
         settings = self.settings
         next_tick = time.monotonic() + settings.controller_tick_s
         while True:
@@ -326,11 +328,14 @@ class Controller(Component):
             touched, self._touched = self._touched, set()
             started = time.monotonic()
             full = started >= next_tick
-            if full:
-                next_tick = started + settings.controller_tick_s
             if self.ready:
                 await (self.tick() if full else self.evaluate(touched))
-            took = time.monotonic() - started
+            finished = time.monotonic()
+            took = finished - started
+            if full:
+                next_tick = max(
+                    started + settings.controller_tick_s, finished + EVALUATION_REST * took
+                )
             rest = 0.0 if full else EVALUATION_REST * took
             await asyncio.sleep(max(settings.controller_react_s, rest))
 
