@@ -280,10 +280,11 @@ def sequence_tokens(request: InferenceRequest) -> int:
     return prompt_tokens(request) + request.sampling.max_tokens
 
 
-def fits(request: InferenceRequest, pool: str, model_lens: Mapping[str, int]) -> bool:
-    """Whether the pool's workers can run the request (yes when their limit is unknown)."""
+def fits(sequence: int, pool: str, model_lens: Mapping[str, int]) -> bool:
+    """Whether the pool's workers can run a sequence of ``sequence`` tokens (yes when
+    their limit is unknown)."""
     limit = model_lens.get(pool)
-    return limit is None or sequence_tokens(request) <= limit
+    return limit is None or sequence <= limit
 
 
 def _scoped(control: ControlState, kind: type[E], pool: str) -> E | None:
@@ -363,7 +364,7 @@ class AdmissionPolicy:
         if event.level >= 3:
             return pool, 3, Degradation(level=3, static_reply=True)
         dest = self.destination(pool, cls, control)
-        if not fits(request, dest, model_lens):
+        if not fits(sequence_tokens(request), dest, model_lens):
             dest = pool  # the small pool cannot run it: it stays where it was asked
         rung = 1 if dest != pool else 0
         cap: int | None = None
@@ -425,20 +426,21 @@ class AdmissionPolicy:
                 now,
                 code="model_not_found",
             )
-        if not fits(request, pool, model_lens):
+        prompt = prompt_tokens(request)  # once: counting is a tenth of admission's work
+        sequence = prompt + request.sampling.max_tokens
+        if not fits(sequence, pool, model_lens):
             return terminal(
                 request,
                 ReplyStatus.REJECTED,
                 ReasonCode.INVALID_REQUEST,
                 f"This model's maximum context length is {model_lens[pool]} tokens; the "
-                f"request needs {sequence_tokens(request)} (prompt plus max_tokens).",
+                f"request needs {sequence} (prompt plus max_tokens).",
                 now,
                 code="context_length_exceeded",
             )
         dest = self.destination(pool, cls, control)
         if self.gate(dest, control).refuse:
             return self._breaker_open(request, dest, now)
-        prompt = prompt_tokens(request)
         forecast = forecasts.get(dest)
         wait_s = None if forecast is None else predict(prompt, cls, forecast)
         if (
