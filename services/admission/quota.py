@@ -36,6 +36,7 @@ absorb, and the breakers still trip on load.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -200,6 +201,16 @@ def _parse(reply: Sequence[bytes | str]) -> tuple[str, float, str, bool, list[Bu
     return _text(reply[0]), now, _text(reply[3]), int(reply[4]) == 1, states
 
 
+@functools.lru_cache(maxsize=1024)
+def _limit_args(lim: Limit) -> tuple[bytes, bytes, bytes, bytes]:
+    """A limit's four script arguments, encoded once per limit as redis-py would encode
+    each call (``repr`` of the float: the shortest text that reads back as the same
+    double): packing them was a tenth of admission's time."""
+    return tuple(  # type: ignore[return-value]
+        repr(v).encode() for v in (lim.capacity, lim.rate, lim.burst_capacity, lim.burst_rate)
+    )
+
+
 def _decision(
     item: QuotaRequest, outcome: str, now: float, states: Sequence[BucketState]
 ) -> QuotaDecision:
@@ -236,8 +247,8 @@ class RedisQuota:
         split: int = 0,
         marker_ttl_ms: int = 0,
         reservation_ttl_ms: int = 0,
-    ) -> list[str | int | float]:
-        args: list[str | int | float] = [
+    ) -> list[str | int | float | bytes]:
+        args: list[str | int | float | bytes] = [
             mode,
             self._margin,
             split,
@@ -245,10 +256,10 @@ class RedisQuota:
             reservation_ttl_ms,
         ]
         for cost, lim in items:
-            args += [cost, lim.capacity, lim.rate, lim.burst_capacity, lim.burst_rate]
+            args += [cost, *_limit_args(lim)]
         return args
 
-    def _take_call(self, charge: Charge) -> tuple[list[str], list[str | int | float]]:
+    def _take_call(self, charge: Charge) -> tuple[list[str], list[str | int | float | bytes]]:
         keys: list[str] = []
         items: list[tuple[float, Limit]] = []
         groups = [(charge.region, region_key)] if charge.region is not None else []

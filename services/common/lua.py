@@ -17,7 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-Call = tuple[Sequence[str], Sequence[str | int | float]]
+Call = tuple[Sequence[str], Sequence[str | int | float | bytes]]
 """The keys and the arguments of one call."""
 
 
@@ -27,7 +27,7 @@ class Lua:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
-    async def __call__(self, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
+    async def __call__(self, keys: Sequence[str], args: Sequence[str | int | float | bytes]) -> Any:
         try:
             return await self._redis.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
