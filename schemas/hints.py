@@ -7,6 +7,10 @@ tenant's requests until ``until`` without a Kafka hop or a Redis call; after it,
 to admission as usual. Only the requests dimension is hinted: its count is never
 refunded, so the hint can never refuse what the bucket would admit (the token dimension
 is corrected by actual use and refunds, and a short request may still fit it).
+
+A hint whose ``until`` is not after its ``issued_at`` *clears* the tenant's hint: its
+quota changed (a ``QuotaOverride`` came, went or changed), so what the last hint said may
+no longer hold; the tenant's next requests go to admission again.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ request of that tenant can be admitted until that bucket holds one request again
 the request. A rejection on tokens alone, or one the tier turns into scavenger work, or
 one that no retry can cure, hints nothing.
 
+When a tenant's quota changes (a ``QuotaOverride`` comes, goes or changes), what its
+last hint said may no longer hold: ``clear_hint`` tells ingress to drop it.
+
 Admission sees a flood of one tenant as many rejections with nearly the same ``until``:
 ``HintThrottle`` publishes a tenant's hint only when it extends the last one published
 by at least ``min_extension_s``, so the hint topic carries about one record per tenant
@@ -18,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from schemas import QuotaHint
+from schemas import QuotaHint, RateLimitInfo
 from services.admission.bucket import QuotaDecision
 
 
@@ -45,6 +48,16 @@ def hint_for(tenant: str, decision: QuotaDecision) -> QuotaHint | None:
     )
 
 
+def clear_hint(tenant: str, now: float) -> QuotaHint:
+    """The hint that clears ``tenant``'s (``until`` = ``issued_at``)."""
+    return QuotaHint(
+        tenant=tenant,
+        until=now,
+        issued_at=now,
+        rate_limit=RateLimitInfo(limit=0, remaining=0, reset_s=0.0),
+    )
+
+
 @dataclass
 class HintThrottle:
     min_extension_s: float = 0.25
@@ -64,6 +77,11 @@ class HintThrottle:
                 return False  # every remembered hint is live: this one waits its turn
         self._until[hint.tenant] = hint.until
         return True
+
+    def forget(self, tenant: str) -> None:
+        """The tenant's next hint is published whatever the last said (its quota
+        changed)."""
+        self._until.pop(tenant, None)
 
     def _forget(self, now: float) -> None:
         for tenant in [t for t, until in self._until.items() if until <= now]:

@@ -310,6 +310,12 @@ def quota_override(control: ControlState, tenant: str, now: float) -> QuotaOverr
     return max(found, key=lambda o: (o.issued_at, o.seq), default=None)
 
 
+def override_terms(override: QuotaOverride) -> tuple[float | None, ...]:
+    """What of an override shapes a tenant's bucket (its re-publications change none of
+    it)."""
+    return (override.requests_per_s, override.tokens_per_s, override.burst, override.expires_at)
+
+
 def overridden(base: TierConfig, override: QuotaOverride | None) -> TierConfig | None:
     """The tenant's effective bucket config; ``None`` when the override blocks it."""
     if override is None:

@@ -70,6 +70,8 @@ from schemas import (
     ControlEvent,
     InferenceRequest,
     Priority,
+    QuotaHint,
+    QuotaOverride,
     ReasonCode,
     Tier,
 )
@@ -77,7 +79,7 @@ from services.admission import metrics as m
 from services.admission.bucket import QuotaDecision
 from services.admission.capacity import CapacityConfig, FleetCapacity, Placement
 from services.admission.dispatching import SCAVENGER, Lane, Queued, Round, forecasts, pick
-from services.admission.hints import HintThrottle, hint_for
+from services.admission.hints import HintThrottle, clear_hint, hint_for
 from services.admission.policy import (
     NO_FORECASTS,
     Accepted,
@@ -88,6 +90,8 @@ from services.admission.policy import (
     Screened,
     engine_cost,
     failed,
+    override_terms,
+    quota_override,
     worker_share,
 )
 from services.admission.quota import (
@@ -293,6 +297,8 @@ class Admission(Component):
         self._last_sweep = 0.0
         self._breakers: dict[str, tuple[str, int]] = {}
         self._hints = HintThrottle()
+        self._overrides: dict[str, tuple[float | None, ...]] = {}
+        """Tenant → the terms of its override in force (see ``_quota_changed``)."""
 
     # -- lifecycle -------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -353,6 +359,8 @@ class Admission(Component):
     # -- control -------------------------------------------------------------------
     def _on_control(self, event: ControlEvent) -> None:
         """A decision changed or expired: apply what is in force now for its scope."""
+        if isinstance(event, QuotaOverride):
+            self._quota_changed(event.tenant)
         if isinstance(event, BreakerState):
             kind, _, name = event.scope.partition(":")
             current = self.control.get(BreakerState, event.scope)
@@ -482,20 +490,41 @@ class Admission(Component):
             self._buffered[w.source] += 1
         self.wake()
 
+    def _quota_changed(self, tenant: str) -> None:
+        """A tenant's override came, went or changed (not a mere re-publication):
+        ingress drops the tenant's hint, which may no longer hold."""
+        current = quota_override(self.control, tenant, self.clock.time())
+        terms = None if current is None else override_terms(current)
+        if self._overrides.get(tenant) == terms:
+            return
+        if terms is None:
+            self._overrides.pop(tenant, None)
+        else:
+            self._overrides[tenant] = terms
+        self._hints.forget(tenant)
+        self._finish(self._send_hint(clear_hint(tenant, self.clock.time())))
+
+    async def _send_hint(self, hint: QuotaHint) -> bool:
+        """Queue a hint (not awaited for its ack; skipped while the broker is
+        unavailable: a lost hint only sends the tenant's next requests here)."""
+        try:
+            await self._producer.send(
+                self.topics.quota_hints, encode(hint), key=hint.tenant.encode()
+            )
+        except Exception as e:
+            if not is_infrastructure(e):
+                raise
+            return False
+        m.QUOTA_HINTS.inc()
+        return True
+
     async def _hint(self, tenant: str, decision: QuotaDecision) -> None:
         """Tell ingress when a tenant's requests bucket is empty (``hints``); not
         awaited for its ack, and skipped while the broker is unavailable: a lost hint
         only sends the tenant's next requests here."""
         hint = hint_for(tenant, decision)
-        if hint is None or not self._hints.admit(hint):
-            return
-        try:
-            await self._producer.send(self.topics.quota_hints, encode(hint), key=tenant.encode())
-        except Exception as e:
-            if not is_infrastructure(e):
-                raise
-            return
-        m.QUOTA_HINTS.inc()
+        if hint is not None and self._hints.admit(hint):
+            await self._send_hint(hint)
 
     def _charge_of(self, request: InferenceRequest, screened: Screened, now: float) -> Charge:
         """The request's charge, with its marker (kept past its deadline, plus a margin)

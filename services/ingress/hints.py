@@ -24,6 +24,11 @@ class QuotaHints:
     _hints: dict[str, QuotaHint] = field(default_factory=dict)
 
     def observe(self, hint: QuotaHint, now: float) -> None:
+        if hint.until <= hint.issued_at:  # a clear (``schemas.hints``)
+            held = self._hints.get(hint.tenant)
+            if held is not None and held.issued_at <= hint.issued_at:
+                del self._hints[hint.tenant]
+            return
         if hint.until > now + self.max_hint_s:
             hint = hint.model_copy(update={"until": now + self.max_hint_s})
         held = self._hints.get(hint.tenant)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as aioredis
@@ -19,6 +20,7 @@ from schemas import (
     DispatchedRequest,
     InferenceReply,
     Priority,
+    QuotaHint,
     QuotaOverride,
     ReasonCode,
     RegionThrottle,
@@ -40,6 +42,7 @@ from tests.admission_helpers import (
 )
 from tests.fleet import ReplyReader, until
 
+T = TypeVar("T")
 TIER_OF = {Priority.VIP: Tier.ENTERPRISE, Priority.STANDARD: Tier.PRO, Priority.BULK: Tier.BASIC}
 STRICT = {
     "quota_basic": {"requests": {"capacity": 3, "rate": 0.001}, "tokens": {"rate": 0.001}},
@@ -286,3 +289,55 @@ async def test_control_events_change_the_decisions(
             assert reply.rate_limit is not None
             assert reply.rate_limit.limit == 1
     assert only(client, "q-blocked").reason is ReasonCode.QUOTA_EXCEEDED
+
+
+async def test_an_empty_requests_bucket_is_hinted_and_a_quota_change_clears_the_hint(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    """Admission tells ingress when a tenant's requests bucket is empty (a hint until it
+    refills, once per tenant however many it refuses), and tells it to forget that when
+    the tenant's quota changes; a re-publication of the same override changes nothing."""
+    s = admission_settings(settings, **STRICT)
+    async with (
+        Admission(s) as admission,
+        ReplyReader(settings, topics) as client,
+        TopicReader(settings, topics.quota_hints) as hints,
+        capacity_feed(settings, topics, {"main": 100}),
+    ):
+        flood = [
+            inference_request(f"h{i}", client.topic, tenant="hinted", tier=Tier.BASIC)
+            for i in range(8)
+        ]
+        await send_all(settings, topics.requests(Priority.BULK), flood)
+        await client.wait_terminals(5)  # capacity 3: five refused
+
+        async def published() -> list[QuotaHint]:
+            await hints.poll()
+            return [QuotaHint.model_validate_json(v) for v in hints.raw[topics.quota_hints]]
+
+        await until_async(lambda: published(), lambda got: len(got) >= 1)
+        (hint,) = await published()
+        assert hint.tenant == "hinted"
+        assert hint.until - hint.issued_at > 100  # refilled at 0.001 request/s
+        assert hint.rate_limit.remaining == 0
+
+        raised = QuotaOverride(
+            **control_common("tenant:hinted", 1), tenant="hinted", requests_per_s=50, burst=50
+        )
+        await apply_control(settings, topics, admission.control, raised)
+        await until_async(lambda: published(), lambda got: len(got) >= 2)
+        again = raised.model_copy(update={"seq": 2})  # a re-publication: same terms
+        await apply_control(settings, topics, admission.control, again)
+        await asyncio.sleep(1.0)
+        cleared = (await published())[1:]
+    assert [(h.tenant, h.until == h.issued_at) for h in cleared] == [("hinted", True)]
+
+
+async def until_async(
+    poll: Callable[[], Awaitable[T]], done: Callable[[T], bool], timeout_s: float = 20
+) -> None:
+    """Poll until ``done`` holds for what ``poll`` returns."""
+    deadline = time.monotonic() + timeout_s
+    while not done(await poll()):
+        assert time.monotonic() < deadline, "not in time"
+        await asyncio.sleep(0.05)

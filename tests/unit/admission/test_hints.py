@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from schemas import QuotaHint, RateLimitInfo, Tier
 from services.admission.bucket import DEFAULT_TIERS, BucketState, Dimension, decide
-from services.admission.hints import HintThrottle, hint_for
+from services.admission.hints import HintThrottle, clear_hint, hint_for
 
 pytestmark = pytest.mark.unit
 
@@ -106,3 +106,13 @@ def test_the_throttle_publishes_a_tenants_hint_only_when_it_extends_the_last() -
     )
     assert throttle.admit(late)  # a and b have passed: forgotten
     assert len(throttle) == 1
+
+
+def test_a_clear_hint_says_until_when_it_was_issued_and_the_throttle_forgets() -> None:
+    cleared = clear_hint("a", T0)
+    assert (cleared.tenant, cleared.until, cleared.issued_at) == ("a", T0, T0)
+    throttle = HintThrottle()
+    assert throttle.admit(hint("a", T0 + 1.0))
+    assert not throttle.admit(hint("a", T0 + 1.1))
+    throttle.forget("a")  # the tenant's quota changed
+    assert throttle.admit(hint("a", T0 + 1.1))

@@ -76,3 +76,20 @@ def test_a_hint_covers_at_most_max_hint_s_from_when_it_is_read() -> None:
     hints.observe(hint("a", T0 + 86_400), T0)
     assert hints.covering("a", T0 + 59.9) is not None
     assert hints.covering("a", T0 + 60.0) is None
+
+
+def clear(tenant: str, at: float) -> QuotaHint:
+    return QuotaHint(tenant=tenant, until=at, issued_at=at, rate_limit=INFO)
+
+
+def test_a_clear_drops_the_hints_issued_before_it_not_after() -> None:
+    """The tenant's quota changed: a hint issued before that may no longer hold; one
+    issued after (read out of order) still does."""
+    hints = QuotaHints()
+    hints.observe(hint("a", T0 + 30), T0)  # issued at T0
+    hints.observe(clear("a", T0 + 1), T0 + 1)
+    assert hints.covering("a", T0 + 1) is None
+    later = hint("a", T0 + 30).model_copy(update={"issued_at": T0 + 2})
+    hints.observe(later, T0 + 2)
+    hints.observe(clear("a", T0 + 1), T0 + 2)  # an older clear, read late
+    assert hints.covering("a", T0 + 2) is not None
