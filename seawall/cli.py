@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from seawall import up as up_mod
 from seawall.load.profiles import Profile
 from services.ingress.keys_cli import keys_app
+
+if TYPE_CHECKING:
+    from schemas import ControlEvent
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -268,6 +272,131 @@ def export_schemas(
 
 
 app.add_typer(keys_app, name="keys", help="Create, list, rotate and revoke API keys.")
+
+quota_app = typer.Typer(no_args_is_help=True, add_completion=False)
+region_app = typer.Typer(no_args_is_help=True, add_completion=False)
+app.add_typer(quota_app, name="quota", help="Change a tenant's quota while the fleet runs.")
+app.add_typer(region_app, name="region", help="Throttle a client region while the fleet runs.")
+
+Reason = Annotated[str | None, typer.Option(help="Why (shown with the event).")]
+Ttl = Annotated[
+    float, typer.Option(min=1, max=86_400, help="How long it holds, in seconds (at most a day).")
+]
+
+
+def _steer(event_of: Callable[[str, float], ControlEvent], reason: str | None, what: str) -> None:
+    """Build the event (issued by this operator, at this time) and publish it."""
+    import asyncio
+    import time
+
+    from seawall import steer
+    from seawall.events import describe
+    from services.common.settings import CommonSettings
+
+    issuer = steer.operator()
+    try:
+        event = event_of(reason or f"{what} by {issuer}", time.time())
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    try:
+        asyncio.run(steer.publish(CommonSettings(), event))
+    except (OSError, TimeoutError) as e:
+        typer.echo(f"could not publish to the control topic: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{event.control_key}: {describe(event)} (issuer {issuer}, seq {event.seq})")
+
+
+@quota_app.command("set")
+def quota_set(
+    tenant: Annotated[str, typer.Option(help="The tenant.")],
+    rps: Annotated[float | None, typer.Option(min=0, help="Requests per second.")] = None,
+    tpm: Annotated[float | None, typer.Option(min=0, help="Tokens per minute.")] = None,
+    burst: Annotated[float | None, typer.Option(min=0, help="Requests bucket size.")] = None,
+    ttl: Ttl = 3_600.0,
+    reason: Reason = None,
+) -> None:
+    """Override a tenant's quota (0 suspends it) at every admission replica."""
+    from seawall import steer
+
+    issuer = steer.operator()
+    _steer(
+        lambda why, now: steer.quota_set(
+            tenant,
+            requests_per_s=rps,
+            tokens_per_minute=tpm,
+            burst=burst,
+            ttl_s=ttl,
+            reason=why,
+            issuer=issuer,
+            now=now,
+        ),
+        reason,
+        "quota set",
+    )
+
+
+@quota_app.command("clear")
+def quota_clear(
+    tenant: Annotated[str, typer.Option(help="The tenant.")], reason: Reason = None
+) -> None:
+    """Back to the tenant's tier quota."""
+    from seawall import steer
+
+    issuer = steer.operator()
+    _steer(
+        lambda why, now: steer.quota_clear(tenant, reason=why, issuer=issuer, now=now),
+        reason,
+        "quota cleared",
+    )
+
+
+@quota_app.command("list")
+def quota_list() -> None:
+    """The quota overrides on the control topic, with who issued them and why."""
+    events(scope="tenant:*", kind="quota_override", follow=False)
+
+
+@region_app.command("throttle")
+def region_throttle(
+    region: Annotated[str, typer.Option(help="The region (ingress's region table).")],
+    rps: Annotated[float, typer.Option(min=0, help="Requests per second (0 suspends).")],
+    ttl: Ttl = 3_600.0,
+    reason: Reason = None,
+) -> None:
+    """Throttle the requests from a region at every admission replica."""
+    from seawall import steer
+
+    issuer = steer.operator()
+    _steer(
+        lambda why, now: steer.region_throttle(
+            region, rate_per_s=rps, ttl_s=ttl, reason=why, issuer=issuer, now=now
+        ),
+        reason,
+        "region throttled",
+    )
+
+
+@region_app.command("lift")
+def region_lift(
+    region: Annotated[str, typer.Option(help="The region.")], reason: Reason = None
+) -> None:
+    """Lift a region's throttle."""
+    from seawall import steer
+
+    issuer = steer.operator()
+    _steer(
+        lambda why, now: steer.region_throttle(
+            region, rate_per_s=None, ttl_s=3_600.0, reason=why, issuer=issuer, now=now
+        ),
+        reason,
+        "region throttle lifted",
+    )
+
+
+@region_app.command("list")
+def region_list() -> None:
+    """The region throttles on the control topic, with who issued them and why."""
+    events(scope="region:*", kind="region_throttle", follow=False)
 
 
 def main() -> None:

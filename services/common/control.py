@@ -122,8 +122,15 @@ class ControlState:
             del self._latest[event.control_key]
             self._floor[event.control_key] = event.seq
             CONTROL_EXPIRED.labels(event.kind).inc()
-            log.warning(
-                "a control decision expired without a re-publication; back to the default",
+            # The controller re-publishes what it decided: one of its decisions running
+            # out means it stopped. An operator's (``seawall quota``, ``seawall region``)
+            # runs out at the end of the time it was given.
+            by_controller = event.issuer == "controller"
+            log.log(
+                logging.WARNING if by_controller else logging.INFO,
+                "a control decision expired without a re-publication; back to the default"
+                if by_controller
+                else "an operator's decision ran out; back to the default",
                 extra={
                     "key": event.control_key,
                     "seq": event.seq,
