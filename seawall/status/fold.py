@@ -24,6 +24,8 @@ from schemas import (
     DegradationLevel,
     EngineStats,
     GpuStats,
+    QuotaOverride,
+    RegionThrottle,
     WorkerHeartbeat,
     WorkerReport,
 )
@@ -141,6 +143,25 @@ class BatchLimitView:
     decided: Decided
 
 
+def _steers(event: QuotaOverride | RegionThrottle, now: float) -> bool:
+    """Whether an override or throttle changes anything now (a cleared one does not)."""
+    if isinstance(event, RegionThrottle):
+        return event.rate_per_s is not None
+    terms = (event.requests_per_s, event.tokens_per_s, event.burst)
+    live = event.expires_at is None or now < event.expires_at
+    return live and any(t is not None for t in terms)
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideView:
+    """An operator's quota override or region throttle in force (``seawall quota``,
+    ``seawall region``)."""
+
+    scope: str
+    issuer: str
+    decided: Decided
+
+
 @dataclass(frozen=True, slots=True)
 class TopicLag:
     """One consumer group on one topic, over the partitions it committed an offset on."""
@@ -164,6 +185,7 @@ class FleetStatus:
     breakers: tuple[BreakerView, ...]
     degradations: tuple[DegradationView, ...]
     batch_limits: tuple[BatchLimitView, ...]
+    overrides: tuple[OverrideView, ...]
     groups: tuple[str, ...]
     """The fleet's consumer groups known to the broker, with or without commits."""
     lags: tuple[TopicLag, ...]
@@ -303,6 +325,18 @@ class StatusFold:
             ),
             key=lambda v: v.scope,
         )
+        steering: list[QuotaOverride | RegionThrottle] = [
+            *self.control.all(QuotaOverride),
+            *self.control.all(RegionThrottle),
+        ]
+        overrides = sorted(
+            (
+                OverrideView(e.scope, e.issuer, Decided.of(e, now))
+                for e in steering
+                if _steers(e, now)
+            ),
+            key=lambda v: v.scope,
+        )
         breaker_of = {b.scope: b.state for b in breakers}
         level_of = {d.scope: d.level for d in degradations}
         return FleetStatus(
@@ -317,6 +351,7 @@ class StatusFold:
             breakers=tuple(breakers),
             degradations=tuple(degradations),
             batch_limits=tuple(batch_limits),
+            overrides=tuple(overrides),
             groups=tuple(sorted(groups)),
             lags=lag,
             control_age_s=None if self._newest_issued is None else now - self._newest_issued,

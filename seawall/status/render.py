@@ -107,6 +107,19 @@ def _batch_limits(status: FleetStatus) -> Table:
     return table
 
 
+def _overrides(status: FleetStatus) -> Table:
+    table = _table("operators' overrides", "scope", "state", "issuer", "decided", "reason")
+    for o in status.overrides:
+        table.add_row(
+            escape(o.scope),
+            escape(o.decided.summary),
+            escape(o.issuer),
+            _when_decided(o.decided),
+            escape(o.decided.reason),
+        )
+    return table
+
+
 def _lags(status: FleetStatus) -> Table:
     table = _table("consumer lag", "group", "topic", "partitions", "committed", "end", "lag")
     for x in status.lags:
@@ -138,6 +151,7 @@ def render(status: FleetStatus, console: Console) -> None:
         _decisions("breakers", ((b.scope, b.decided) for b in status.breakers)),
         _decisions("degradation", ((d.scope, d.decided) for d in status.degradations)),
         _batch_limits(status),
+        _overrides(status),
         _lags(status),
     )
     for table in tables:

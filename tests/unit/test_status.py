@@ -26,6 +26,7 @@ from schemas import (
 )
 from schemas.base import Message
 from schemas.telemetry import EngineLimitsInfo
+from seawall import steer
 from seawall.events import describe
 from seawall.status import STALE_AFTER_S, FleetStatus, StatusFold, TopicLag, lags, render
 from services.common.serde import encode
@@ -525,6 +526,45 @@ def test_empty_sections_are_one_line_each() -> None:
     out = io.StringIO()
     render(fold(), Console(file=out, width=250, color_system=None))
     text = out.getvalue()
-    for section in ("workers", "breakers", "degradation", "batch limits", "consumer lag"):
+    sections = ("workers", "breakers", "degradation", "batch limits", "operators' overrides")
+    for section in (*sections, "consumer lag"):
         assert f"{section}: none" in text
     assert "newest decision - (0 events read)" in text
+
+
+def test_operators_overrides_in_force_are_shown_with_who_and_why() -> None:
+    who = steer.operator("dana")
+    quota = steer.quota_set(
+        "acme",
+        requests_per_s=5,
+        tokens_per_minute=None,
+        burst=None,
+        ttl_s=600,
+        reason="launch day",
+        issuer=who,
+        now=NOW - 10,
+    )
+    cleared = steer.quota_clear("other", reason="done", issuer=who, now=NOW - 5)
+    throttle = steer.region_throttle(
+        "eu", rate_per_s=2, ttl_s=600, reason="surge", issuer=who, now=NOW - 3
+    )
+    ran_out = steer.quota_set(
+        "late",
+        requests_per_s=1,
+        tokens_per_minute=None,
+        burst=None,
+        ttl_s=5,
+        reason="brief",
+        issuer=who,
+        now=NOW - 6,
+    )
+    status = fold(control=[quota, cleared, throttle, ran_out])
+    assert [(o.scope, o.issuer, o.decided.reason) for o in status.overrides] == [
+        ("region:eu", "operator:dana", "surge"),
+        ("tenant:acme", "operator:dana", "launch day"),
+    ]
+    out = io.StringIO()
+    render(status, Console(file=out, width=250, color_system=None))
+    text = out.getvalue()
+    assert "operators' overrides" in text
+    assert "operator:dana" in next(line for line in text.splitlines() if "launch day" in line)
