@@ -88,6 +88,17 @@ class LongPromptShare:
         self._long += long
         return self.share(now)
 
+    def reading(self) -> float:
+        """The share now, changing nothing: what the gauge reads at each scrape, from
+        the metrics server's thread (so it decays when traffic stops)."""
+        horizon = self._clock.monotonic() - self._window_s
+        total = long = 0
+        for slot, prompts, longs in list(self._slots):  # a snapshot, taken under the GIL
+            if (slot + 1) * self._resolution_s > horizon:
+                total += prompts
+                long += longs
+        return long / total if total else 0.0
+
     def share(self, now: float | None = None) -> float:
         now = self._clock.monotonic() if now is None else now
         while self._slots and (self._slots[0][0] + 1) * self._resolution_s <= now - self._window_s:

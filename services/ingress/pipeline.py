@@ -195,6 +195,7 @@ class Gate:
         )
         self._regions = RegionTable(settings.region_table)
         self._long_share = m.LongPromptShare(clock=clock)
+        m.LONG_PROMPT_SHARE.set_function(self._long_share.reading)
         self.hints = QuotaHints(settings.quota_hint_tenants)
         """Fed by the service's hint follower (``llm.quota.hints``)."""
 
@@ -335,7 +336,7 @@ class Gate:
         texts = _texts(request)
         tokens = sum(count_tokens(t) for t in texts)
         m.PROMPT_TOKENS.observe(tokens)
-        m.LONG_PROMPT_SHARE.set(self._long_share.observe(tokens))
+        self._long_share.observe(tokens)
 
         policy = principal.policy.sensitive
         screenings = [screen(t, policy) for t in texts]

@@ -157,3 +157,11 @@ async def test_a_quota_hint_refuses_its_tenant_until_it_passes(parts: Parts) -> 
     assert isinstance(await parts.gate.prepare(request(parts), other), InferenceRequest)
     parts.clock.advance(1.5)
     assert isinstance(await parts.gate.prepare(request(parts), principal(parts)), InferenceRequest)
+
+
+async def test_the_long_prompt_share_gauge_decays_when_traffic_stops(parts: Parts) -> None:
+    long_prompt = "word " * 6_000
+    await parts.gate.prepare(request(parts, prompt=long_prompt), principal(parts))
+    assert REGISTRY.get_sample_value("seawall_ingress_long_prompt_share") == 1.0
+    parts.clock.advance(400.0)  # past the 300 s window, no prompt since
+    assert REGISTRY.get_sample_value("seawall_ingress_long_prompt_share") == 0.0

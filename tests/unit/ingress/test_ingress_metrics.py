@@ -31,3 +31,15 @@ def test_share_over_the_window() -> None:
 def test_window_and_resolution_must_be_positive(window_s: float, resolution_s: float) -> None:
     with pytest.raises(ValueError, match="positive"):
         LongPromptShare(window_s, resolution_s)
+
+
+def test_the_reading_agrees_with_the_share_and_decays_without_traffic() -> None:
+    clock = ManualClock()
+    share = LongPromptShare(window_s=60, clock=clock)
+    for tokens in (LONG_PROMPT_TOKENS + 1, 10, 10, LONG_PROMPT_TOKENS * 3):
+        share.observe(tokens)
+        clock.advance(7.3)
+        assert share.reading() == share.share()
+    assert share.reading() == 0.5
+    clock.advance(61)  # no prompt since: the share falls to nothing by itself
+    assert share.reading() == 0.0
