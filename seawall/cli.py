@@ -284,8 +284,11 @@ Ttl = Annotated[
 ]
 
 
-def _steer(event_of: Callable[[str, float], ControlEvent], reason: str | None, what: str) -> None:
-    """Build the event (issued by this operator, at this time) and publish it."""
+def _steer(
+    event_of: Callable[[str, str, float], ControlEvent], reason: str | None, what: str
+) -> None:
+    """Build the event (``event_of(reason, issuer, now)``: issued by this operator, at
+    this time) and publish it."""
     import asyncio
     import time
 
@@ -295,7 +298,7 @@ def _steer(event_of: Callable[[str, float], ControlEvent], reason: str | None, w
 
     issuer = steer.operator()
     try:
-        event = event_of(reason or f"{what} by {issuer}", time.time())
+        event = event_of(reason or f"{what} by {issuer}", issuer, time.time())
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     try:
@@ -318,9 +321,8 @@ def quota_set(
     """Override a tenant's quota (0 suspends it) at every admission replica."""
     from seawall import steer
 
-    issuer = steer.operator()
     _steer(
-        lambda why, now: steer.quota_set(
+        lambda why, issuer, now: steer.quota_set(
             tenant,
             requests_per_s=rps,
             tokens_per_minute=tpm,
@@ -342,9 +344,8 @@ def quota_clear(
     """Back to the tenant's tier quota."""
     from seawall import steer
 
-    issuer = steer.operator()
     _steer(
-        lambda why, now: steer.quota_clear(tenant, reason=why, issuer=issuer, now=now),
+        lambda why, issuer, now: steer.quota_clear(tenant, reason=why, issuer=issuer, now=now),
         reason,
         "quota cleared",
     )
@@ -366,9 +367,8 @@ def region_throttle(
     """Throttle the requests from a region at every admission replica."""
     from seawall import steer
 
-    issuer = steer.operator()
     _steer(
-        lambda why, now: steer.region_throttle(
+        lambda why, issuer, now: steer.region_throttle(
             region, rate_per_s=rps, ttl_s=ttl, reason=why, issuer=issuer, now=now
         ),
         reason,
@@ -383,9 +383,8 @@ def region_lift(
     """Lift a region's throttle."""
     from seawall import steer
 
-    issuer = steer.operator()
     _steer(
-        lambda why, now: steer.region_throttle(
+        lambda why, issuer, now: steer.region_throttle(
             region, rate_per_s=None, ttl_s=3_600.0, reason=why, issuer=issuer, now=now
         ),
         reason,
