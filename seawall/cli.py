@@ -292,6 +292,8 @@ def _steer(
     import asyncio
     import time
 
+    from aiokafka.errors import KafkaError
+
     from seawall import steer
     from seawall.events import describe
     from services.common.settings import CommonSettings
@@ -303,7 +305,7 @@ def _steer(
         raise typer.BadParameter(str(e)) from None
     try:
         asyncio.run(steer.publish(CommonSettings(), event))
-    except (OSError, TimeoutError) as e:
+    except (OSError, TimeoutError, KafkaError) as e:
         typer.echo(f"could not publish to the control topic: {e}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"{event.control_key}: {describe(event)} (issuer {issuer}, seq {event.seq})")

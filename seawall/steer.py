@@ -124,10 +124,9 @@ def region_throttle(
 async def publish(settings: CommonSettings, event: ControlEvent, timeout_s: float = 10.0) -> None:
     """Send the event to the control topic and wait for the broker's ack."""
     producer = make_producer(settings)
-    async with asyncio.timeout(timeout_s):
-        await producer.start()
     try:
         async with asyncio.timeout(timeout_s):
+            await producer.start()
             await producer.send_and_wait(
                 topics_of(settings).control, encode(event), key=event.control_key.encode()
             )
