@@ -63,16 +63,19 @@ class RequestCompleted(Message):
 SKETCH_RELATIVE_ACCURACY = 0.01
 """The relative accuracy of every latency sketch on the wire: sketches merge only with
 the same log mapping (DDSketch, gamma = (1 + a) / (1 - a))."""
+SKETCH_MAX_KEY = 2_000
 
 
 class LatencySketch(Wire):
     """A DDSketch of latencies in milliseconds, relative accuracy
     ``SKETCH_RELATIVE_ACCURACY``: ``bins`` holds (key, count) for every non-empty bucket
     of the logarithmic mapping, ``zero_count`` the values too small for any (≈ 0 ms).
-    Bounded: 4,096 bins span 1 µs to a day at 1 %."""
+    Keys are bounded to ``SKETCH_MAX_KEY`` either way: 1 ns to 10^17 ms, far beyond any
+    latency (a day is key 914), and the reader's dense store spans at most 4,001 bins
+    however far apart a forged sketch puts them."""
 
-    bins: tuple[tuple[Annotated[int, Field(ge=-100_000, le=100_000)], Count], ...] = Field(
-        default=(), max_length=4096
+    bins: tuple[tuple[Annotated[int, Field(ge=-SKETCH_MAX_KEY, le=SKETCH_MAX_KEY)], Count], ...] = (
+        Field(default=(), max_length=2 * SKETCH_MAX_KEY + 1)
     )
     zero_count: Count = 0
 

@@ -14,7 +14,7 @@ from ddsketch.mapping import LogarithmicMapping
 from ddsketch.store import DenseStore
 
 from schemas import LatencySketch
-from schemas.telemetry import SKETCH_RELATIVE_ACCURACY
+from schemas.telemetry import SKETCH_MAX_KEY, SKETCH_RELATIVE_ACCURACY
 
 MAPPING = LogarithmicMapping(SKETCH_RELATIVE_ACCURACY)
 
@@ -27,8 +27,10 @@ class SketchBuilder:
         self._zero_count = 0
 
     def add(self, value_ms: float) -> None:
+        """Count a value; one beyond the wire's keys (under a nanosecond, over 10^17 ms)
+        counts in the outermost bin."""
         if value_ms > MAPPING.min_possible:
-            key = MAPPING.key(value_ms)
+            key = max(-SKETCH_MAX_KEY, min(SKETCH_MAX_KEY, MAPPING.key(value_ms)))
             self._bins[key] = self._bins.get(key, 0) + 1
         else:
             self._zero_count += 1

@@ -8,10 +8,11 @@ import statistics
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from schemas import LatencySketch
-from schemas.telemetry import SKETCH_RELATIVE_ACCURACY
-from services.common.sketch import SketchBuilder, ddsketch_of
+from schemas.telemetry import SKETCH_MAX_KEY, SKETCH_RELATIVE_ACCURACY
+from services.common.sketch import MAPPING, SketchBuilder, ddsketch_of
 from services.controller.policy.decision import Reading
 from services.controller.policy.windows import GaugeWindow, RequestWindow, ShareWindow
 
@@ -281,3 +282,16 @@ def test_a_summary_cannot_report_more_errors_than_requests() -> None:
     builder.add(10.0)
     with pytest.raises(ValueError, match="errors"):
         RequestWindow().record_many(0.0, ddsketch_of(builder.wire()), 2)
+
+
+def test_values_beyond_the_wires_keys_count_in_the_outermost_bins() -> None:
+    """A forged sketch cannot make a reader's dense store span more than the schema's
+    keys, and a worker never builds one the schema refuses, whatever it measured."""
+    builder = SketchBuilder()
+    for value in (1e-30, 5.0, 1e30):
+        builder.add(value)
+    wire = builder.wire()
+    assert [key for key, _ in wire.bins] == [-SKETCH_MAX_KEY, MAPPING.key(5.0), SKETCH_MAX_KEY]
+    assert ddsketch_of(wire).count == 3
+    with pytest.raises(ValidationError):
+        LatencySketch(bins=((SKETCH_MAX_KEY + 1, 1),))
