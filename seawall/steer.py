@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import re
+from typing import Any
 
 from schemas import ControlEvent, Evidence, QuotaOverride, RegionThrottle
 from services.common.bus import make_producer, topics_of
@@ -37,8 +38,19 @@ def operator(name: str | None = None) -> str:
     return "operator:" + (re.sub(r"[^A-Za-z0-9._@-]", "-", who)[:100] or "unknown")
 
 
-def _seq(now: float) -> int:
-    return int(now * 1_000_000)
+def _header(
+    scope: str, issuer: str, now: float, valid_for_s: float, reason: str, **metrics: float
+) -> dict[str, Any]:
+    """What every operator's event carries: its key's scope, the hybrid-clock ``seq``,
+    when, for how long, who and why."""
+    return {
+        "scope": scope,
+        "seq": int(now * 1_000_000),
+        "issued_at": now,
+        "valid_for_s": valid_for_s,
+        "issuer": issuer,
+        "evidence": Evidence(reason=reason[:512], metrics=metrics),
+    }
 
 
 def _check_ttl(ttl_s: float) -> None:
@@ -64,16 +76,9 @@ def quota_set(
         raise ValueError("give at least one of --rps, --tpm and --burst")
     tokens_per_s = None if tokens_per_minute is None else tokens_per_minute / 60.0
     terms = {"requests_per_s": requests_per_s, "tokens_per_s": tokens_per_s, "burst": burst}
+    given = {k: v for k, v in terms.items() if v is not None}
     return QuotaOverride(
-        scope=f"tenant:{tenant}",
-        seq=_seq(now),
-        issued_at=now,
-        valid_for_s=ttl_s,
-        issuer=issuer,
-        evidence=Evidence(
-            reason=reason[:512],
-            metrics={"ttl_s": ttl_s, **{k: v for k, v in terms.items() if v is not None}},
-        ),
+        **_header(f"tenant:{tenant}", issuer, now, ttl_s, reason, ttl_s=ttl_s, **given),
         tenant=tenant,
         expires_at=now + ttl_s,
         **terms,
@@ -84,13 +89,7 @@ def quota_clear(tenant: str, *, reason: str, issuer: str, now: float) -> QuotaOv
     """Back to the tier's quota: an override without terms, in place of the one in
     force."""
     return QuotaOverride(
-        scope=f"tenant:{tenant}",
-        seq=_seq(now),
-        issued_at=now,
-        valid_for_s=CLEARED_VALID_S,
-        issuer=issuer,
-        evidence=Evidence(reason=reason[:512]),
-        tenant=tenant,
+        **_header(f"tenant:{tenant}", issuer, now, CLEARED_VALID_S, reason), tenant=tenant
     )
 
 
@@ -106,19 +105,12 @@ def region_throttle(
     """Requests admitted per second from ``region`` (0 suspends it; ``None`` lifts the
     throttle)."""
     _check_ttl(ttl_s)
-    return RegionThrottle(
-        scope=f"region:{region}",
-        seq=_seq(now),
-        issued_at=now,
-        valid_for_s=ttl_s if rate_per_s is not None else CLEARED_VALID_S,
-        issuer=issuer,
-        evidence=Evidence(
-            reason=reason[:512],
-            metrics={} if rate_per_s is None else {"rate_per_s": rate_per_s, "ttl_s": ttl_s},
-        ),
-        region=region,
-        rate_per_s=rate_per_s,
-    )
+    scope = f"region:{region}"
+    if rate_per_s is None:
+        header = _header(scope, issuer, now, CLEARED_VALID_S, reason)
+    else:
+        header = _header(scope, issuer, now, ttl_s, reason, rate_per_s=rate_per_s, ttl_s=ttl_s)
+    return RegionThrottle(**header, region=region, rate_per_s=rate_per_s)
 
 
 async def publish(settings: CommonSettings, event: ControlEvent, timeout_s: float = 10.0) -> None:
