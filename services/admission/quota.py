@@ -1,6 +1,7 @@
 """Tenant quotas in Redis: ``bucket.lua`` (the model of ``bucket.py``) behind an async API.
 
-One EVALSHA per charge, atomic in Redis: both dimensions of a tenant (requests,
+Each charge is atomic in Redis (a batch of charges is one script call, or a few:
+``CHARGES_PER_CALL``): both dimensions of a tenant (requests,
 tokens) — and, for a request from a throttled region, the region's bucket — are read,
 refilled on the Redis server's clock (``TIME``, microseconds), decided together and
 written back with a TTL, so any number of admission replicas share one bucket per
@@ -45,6 +46,8 @@ from typing import Literal, cast
 
 import redis.asyncio as aioredis
 import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
 from schemas import Tier
 from services.admission.bucket import (
@@ -64,7 +67,7 @@ from services.admission.bucket import (
     redis_clock,
 )
 from services.common.failures import StoreUnavailable
-from services.common.lua import Lua
+from services.common.lua import Call, Lua
 from services.common.topics import RedisKeys
 
 __all__ = [
@@ -211,6 +214,56 @@ def _limit_args(lim: Limit) -> tuple[bytes, bytes, bytes, bytes]:
     )
 
 
+CHARGES_PER_CALL = 64
+"""At most this many charges in one script call. Redis runs a call to its end before
+anything else (a charge takes it tens of microseconds), so a call of 64 holds it a few
+milliseconds at most, while a batch of requests still costs a handful of calls."""
+
+
+class _Call:
+    """One script call being built: its keys, its table of distinct limits (a tier's
+    eight figures travel once per call, not once per request), its charges' figures."""
+
+    __slots__ = ("figures", "keys", "limits", "mode", "size")
+
+    def __init__(self, mode: Literal["take", "adjust"]) -> None:
+        self.mode = mode
+        self.keys: list[str] = []
+        self.limits: dict[Limit, int] = {}
+        self.figures: list[str | int | float | bytes] = []
+        self.size = 0
+
+    def add(
+        self,
+        buckets: Sequence[tuple[str, float, Limit]],
+        split: int = 0,
+        marker: tuple[str, int] | None = None,
+        reservation: tuple[str, int] | None = None,
+    ) -> None:
+        """One charge: its buckets (key, cost, limit), how many of the first are a
+        region's, its marker and reservation (key, TTL in ms)."""
+        figures: list[str | int | float | bytes] = []
+        for key, cost, lim in buckets:
+            self.keys.append(key)
+            index = self.limits.setdefault(lim, len(self.limits) + 1)
+            figures += (cost, index)
+        nkeys = len(buckets)
+        ttls = [0, 0]
+        for i, extra in enumerate((marker, reservation)):
+            if extra is not None:
+                self.keys.append(extra[0])
+                ttls[i] = max(1, extra[1])
+                nkeys += 1
+        self.figures += (nkeys, split, *ttls, *figures)
+        self.size += 1
+
+    def call(self, margin: int) -> Call:
+        args: list[str | int | float | bytes] = [self.mode, margin, len(self.limits)]
+        for lim in self.limits:
+            args += _limit_args(lim)
+        return self.keys, args + self.figures
+
+
 def _decision(
     item: QuotaRequest, outcome: str, now: float, states: Sequence[BucketState]
 ) -> QuotaDecision:
@@ -239,44 +292,46 @@ class RedisQuota:
         self._prefix = key_prefix
         self._margin = ttl_margin_ms
         self._script = Lua(redis, SCRIPT)
+        self._cluster = isinstance(redis, RedisCluster)
 
-    def _args(
-        self,
-        mode: Literal["take", "adjust"],
-        items: Sequence[tuple[float, Limit]],
-        split: int = 0,
-        marker_ttl_ms: int = 0,
-        reservation_ttl_ms: int = 0,
-    ) -> list[str | int | float | bytes]:
-        args: list[str | int | float | bytes] = [
-            mode,
-            self._margin,
-            split,
-            marker_ttl_ms,
-            reservation_ttl_ms,
-        ]
-        for cost, lim in items:
-            args += [cost, *_limit_args(lim)]
-        return args
+    def _slot_of(self, charge: Charge) -> int:
+        """The call a charge joins: on a cluster, its tenant's hash slot (a script's keys
+        must share one); on a single Redis, any."""
+        if not self._cluster:
+            return 0
+        return key_slot(quota_key(self._prefix, charge.tenant.tenant, "requests").encode())
 
-    def _take_call(self, charge: Charge) -> tuple[list[str], list[str | int | float | bytes]]:
-        keys: list[str] = []
-        items: list[tuple[float, Limit]] = []
+    def _calls(self, charges: Sequence[Charge]) -> list[tuple[_Call, list[int]]]:
+        """The script calls deciding ``charges``, each with the indices of its charges."""
+        open_calls: dict[int, tuple[_Call, list[int]]] = {}
+        calls: list[tuple[_Call, list[int]]] = []
+        for index, charge in enumerate(charges):
+            slot = self._slot_of(charge)
+            current = open_calls.get(slot)
+            if current is None or current[0].size >= CHARGES_PER_CALL:
+                current = open_calls[slot] = (_Call("take"), [])
+                calls.append(current)
+            self._add(current[0], charge)
+            current[1].append(index)
+        return calls
+
+    def _add(self, call: _Call, charge: Charge) -> None:
+        buckets: list[tuple[str, float, Limit]] = []
         groups = [(charge.region, region_key)] if charge.region is not None else []
         for item, key in [*groups, (charge.tenant, quota_key)]:
             check_cost(item.requests)
             check_cost(item.tokens)
-            keys += [key(self._prefix, item.tenant, d) for d in DIMENSIONS]
-            items += [(item.costs[d], item.config.limit(d)) for d in DIMENSIONS]
-        ttl = reservation_ttl = 0
-        if charge.marker is not None:
-            keys.append(charge.marker)
-            ttl = max(1, charge.marker_ttl_ms)
-        if charge.reservation is not None:
-            keys.append(charge.reservation)
-            reservation_ttl = max(1, charge.reservation_ttl_ms)
-        split = len(DIMENSIONS) if charge.region is not None else 0
-        return keys, self._args("take", items, split, ttl, reservation_ttl)
+            costs = item.costs
+            buckets += (
+                (key(self._prefix, item.tenant, d), costs[d], item.config.limit(d))
+                for d in DIMENSIONS
+            )
+        call.add(
+            buckets,
+            len(DIMENSIONS) if charge.region is not None else 0,
+            None if charge.marker is None else (charge.marker, charge.marker_ttl_ms),
+            None if charge.reservation is None else (charge.reservation, charge.reservation_ttl_ms),
+        )
 
     @staticmethod
     def _charged(charge: Charge, reply: Sequence[bytes | str]) -> Charged:
@@ -303,19 +358,26 @@ class RedisQuota:
         return [c.tenant for c in await self.charge_many([Charge(i) for i in items])]
 
     async def charge_many(self, charges: Sequence[Charge]) -> list[Charged]:
-        """Several charges in one round trip (a pipeline of EVALSHAs, each atomic)."""
+        """Several charges in one round trip: script calls of up to ``CHARGES_PER_CALL``
+        charges each (grouped by hash slot on a cluster), pipelined; every charge is
+        atomic, and they are decided in order."""
         if not charges:
             return []
+        calls = self._calls(charges)
         with _store_errors():
-            replies = await self._script.many([self._take_call(c) for c in charges])
-        return [self._charged(c, r) for c, r in zip(charges, replies, strict=True)]
+            replies = await self._script.many([call.call(self._margin) for call, _ in calls])
+        charged: list[Charged | None] = [None] * len(charges)
+        for (_, indices), reply in zip(calls, replies, strict=True):
+            for index, one in zip(indices, reply, strict=True):
+                charged[index] = self._charged(charges[index], one)
+        return cast(list[Charged], charged)
 
     async def adjust(self, tenant: str, config: TierConfig, tokens_delta: float) -> Adjustment:
         """Apply ``actual - reserved`` tokens at completion (negative refunds)."""
         check_delta(tokens_delta)
-        key = quota_key(self._prefix, tenant, "tokens")
-        args = self._args("adjust", [(tokens_delta, config.tokens)])
+        call = _Call("adjust")
+        call.add([(quota_key(self._prefix, tenant, "tokens"), tokens_delta, config.tokens)])
         with _store_errors():
-            reply = await self._script([key], args)
+            (reply,) = await self._script(*call.call(self._margin))
         _, now, _, _, (state,) = _parse(cast(Sequence[bytes | str], reply))
         return Adjustment(now, assess(state, 0.0, config.tokens, allowed=True))

@@ -30,6 +30,7 @@ from services.admission.bucket import (
     ttl_ms,
 )
 from services.admission.quota import (
+    CHARGES_PER_CALL,
     Charge,
     QuotaRequest,
     QuotaUnavailable,
@@ -185,6 +186,31 @@ async def test_decide_many_is_one_round_trip_of_atomic_decisions(
         want, states[item.tenant] = decide(cfg, states[item.tenant], d.at, 1, 100)
         assert d == want
     assert got[5].headers()["Retry-After"] == str(math.ceil(1 / 0.001))
+
+
+@pytest.mark.parametrize("by_slot", [False, True], ids=["single", "cluster-grouping"])
+async def test_a_large_mixed_batch_is_decided_in_order(
+    client: aioredis.Redis, prefix: str, by_slot: bool
+) -> None:
+    """More charges than one script call holds, over tenants of every tier: several
+    calls (grouped by hash slot, as on a cluster, or in order), each with its table of
+    limits, decide exactly what the pure model decides charge after charge."""
+    quota = RedisQuota(client, prefix)
+    quota._cluster = by_slot  # a single Redis accepts any grouping: the decisions must not move
+    tenants = [(f"t{i}", CONFIGS[tier]) for i, tier in enumerate(sorted(CONFIGS) * 2)]
+    items = [
+        QuotaRequest(tenants[i % len(tenants)][0], tenants[i % len(tenants)][1], 1, 20 + i % 7)
+        for i in range(3 * CHARGES_PER_CALL + 5)
+    ]
+    got = await quota.decide_many(items)
+    assert {d.outcome for d in got} >= {"admit", "reject"}
+    states: dict[str, dict[Dimension, BucketState]] = {t: {} for t, _ in tenants}
+    for item, d in zip(items, got, strict=True):
+        assert d.at is not None
+        want, states[item.tenant] = decide(
+            item.config, states[item.tenant], d.at, item.requests, item.tokens
+        )
+        assert d == want
 
 
 async def test_adjust_refunds_a_reservation(client: aioredis.Redis, prefix: str) -> None:
