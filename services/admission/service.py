@@ -119,7 +119,7 @@ from services.common.delivery import Replies, TopicDirectory
 from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks, wait_set
 from services.common.offsets import OffsetTracker
-from services.common.redisclient import make_redis
+from services.common.redisclient import exists_each, make_redis
 from services.common.serde import COMPLETION, REQUEST, TELEMETRY, DecodeError, decode, encode
 from services.common.topics import RedisKeys
 
@@ -725,15 +725,13 @@ class Admission(Component):
     async def _cancelled(self, requests: list[InferenceRequest]) -> list[bool]:
         """Which requests carry their client's abort marker (none, if Redis is down)."""
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for r in requests:
-                    pipe.exists(self.keys.abort(r.tenant, r.request_id))
-                found: list[int] = await pipe.execute()
+            return await exists_each(
+                self._redis, [self.keys.abort(r.tenant, r.request_id) for r in requests]
+            )
         except _STORE_ERRORS as e:
             m.QUOTA_STORE_ERRORS.labels("abort_check").inc()
             log.warning("could not check abort markers", extra={"error": str(e)})
             return [False] * len(requests)
-        return [bool(n) for n in found]
 
     # -- terminal replies and dead letters ------------------------------------------------
     def _finish(self, coro: Any) -> None:

@@ -21,8 +21,9 @@ default) is meant to be far above any skew. The CLI's views keep expired decisio
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge
@@ -85,6 +86,9 @@ class ControlState:
         self._clock = clock
         self._in_force_only = in_force_only
         self._latest: dict[str, ControlEvent] = {}
+        self._kinds: defaultdict[str, dict[str, ControlEvent]] = defaultdict(dict)
+        """``_latest`` by kind: ``all`` is asked per request, and a fleet holds a
+        decision per worker."""
         self._floor: dict[str, int] = {}
         """Per key, the ``seq`` of the last expired event: nothing older comes back."""
         self._last_heard: float | None = None
@@ -99,6 +103,7 @@ class ControlState:
         if event.seq <= self._floor.get(key, -1):
             return False
         self._latest[key] = event
+        self._kinds[event.kind][key] = event
         return True
 
     def _visible(self, event: ControlEvent | None) -> bool:
@@ -111,7 +116,11 @@ class ControlState:
         return event if isinstance(event, kind) and self._visible(event) else None
 
     def all(self, kind: type[E]) -> list[E]:
-        return [e for e in self._latest.values() if isinstance(e, kind) and self._visible(e)]
+        events = cast(dict[str, E], self._kinds.get(kind.model_fields["kind"].default, {}))
+        if not self._in_force_only:
+            return list(events.values())
+        now = self._clock.time()
+        return [e for e in events.values() if in_force(e, now)]
 
     def expire(self) -> list[ControlEvent]:
         """Drop the decisions whose validity has run out (counted and logged); return
@@ -120,6 +129,7 @@ class ControlState:
         gone = [e for e in self._latest.values() if not in_force(e, now)]
         for event in gone:
             del self._latest[event.control_key]
+            del self._kinds[event.kind][event.control_key]
             self._floor[event.control_key] = event.seq
             CONTROL_EXPIRED.labels(event.kind).inc()
             # The controller re-publishes what it decided: one of its decisions running

@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -28,3 +31,16 @@ def make_redis(settings: CommonSettings) -> aioredis.Redis:
         retry=Retry(NoBackoff(), 1),
     )
     return aioredis.Redis.from_pool(pool)
+
+
+async def exists_each(redis: aioredis.Redis, keys: Sequence[str]) -> list[bool]:
+    """Whether each key exists, in one command (``MGET``; on a cluster, one per slot):
+    a pipeline of ``EXISTS`` costs the client a command packed and a reply parsed per
+    key, a tenth of admission's work on its abort check."""
+    if not keys:
+        return []
+    if isinstance(redis, RedisCluster):
+        values = await redis.mget_nonatomic(keys)
+    else:
+        values = await redis.mget(keys)
+    return [v is not None for v in values]
