@@ -89,6 +89,7 @@ from services.admission.settings import AdmissionSettings
 from services.common.bus import ensure_topics, make_consumer, make_producer, topics_of
 from services.common.serde import encode
 from services.common.settings import DEFAULT_REDIS_URL, CommonSettings
+from services.common.tokenizer import count_tokens
 from services.common.topics import Topics, TopicSpec
 
 POOLS = ("main", "small")
@@ -99,7 +100,9 @@ PROMPT = " ".join(
     f"Summarise paragraph {i} of the quarterly report in two sentences, keeping the figures."
     for i in range(5)
 )
-"""About 110 tokens (``count_tokens``): what admission reserves is prompt + max_tokens."""
+PROMPT_TOKENS = count_tokens(PROMPT)
+"""About 110 tokens: what admission reserves is prompt + max_tokens. Counted once, as
+ingress counts each request's prompt and writes the figure on its priority record."""
 MAX_TOKENS = 128
 ROOMY = json.dumps(
     {"requests": {"capacity": 1e9, "rate": 1e9}, "tokens": {"capacity": 1e12, "rate": 1e12}}
@@ -134,6 +137,7 @@ def request_bytes(index: int, run: str, topics: Topics, reply_to: str) -> tuple[
         reply_to=reply_to,
         created_at=time.time(),
         session_id=rid,
+        prompt_tokens=PROMPT_TOKENS,
     )
     return topics.requests(priority), rid.encode(), encode(request)
 

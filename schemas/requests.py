@@ -98,6 +98,10 @@ class InferenceRequest(Message):
     deadline_at: Timestamp | None = None
     session_id: Ident | None = None
     client: ClientMeta = ClientMeta()
+    prompt_tokens: int | None = Field(default=None, ge=0, le=256 * 65_536)
+    """The prompt's length in tokens as ingress counted it (``common.tokenizer``), so
+    that admission does not count it again; ingress sets it whatever a producer wrote
+    on the ingress topic. ``None``: admission counts."""
 
     @model_validator(mode="after")
     def _one_input(self) -> Self:

@@ -226,7 +226,10 @@ def engine_cost(cost: Cost, degradation: Degradation) -> Cost:
 
 
 def prompt_tokens(request: InferenceRequest) -> int:
-    """The prompt's size for the reservation (corrected from the worker's count later)."""
+    """The prompt's size for the reservation (corrected from the worker's count later):
+    ingress's count where it gave one (the priority topics are written by ingress)."""
+    if request.prompt_tokens is not None:
+        return request.prompt_tokens
     if request.prompt is not None:
         return count_tokens(request.prompt)
     assert request.messages is not None
@@ -432,7 +435,7 @@ class AdmissionPolicy:
                 now,
                 code="model_not_found",
             )
-        prompt = prompt_tokens(request)  # once: counting is a tenth of admission's work
+        prompt = prompt_tokens(request)  # once: counting was a tenth of admission's work
         sequence = prompt + request.sampling.max_tokens
         if not fits(sequence, pool, model_lens):
             return terminal(

@@ -359,6 +359,9 @@ class Gate:
             client={**data["client"], "region": self.region(request.client.client_ip)},
         )
         redacted = [sc.text for sc in screenings]
+        if redacted != texts:  # what the engine will read
+            tokens = sum(count_tokens(t) for t in redacted)
+        data["prompt_tokens"] = tokens  # whatever a producer wrote there
         if request.prompt is not None:
             data["prompt"] = redacted[0]
         else:

@@ -152,6 +152,12 @@ def test_screen_passes_a_plain_request_with_its_quota_charge() -> None:
     assert got.tenant.config == TIERS[Tier.PRO]
     assert (got.tenant.requests, got.tenant.tokens) == (1, 2 + 50)  # "hello world" + output
     assert got.region is None
+    # Ingress's count, where it gave one, is what is reserved (nothing counted again).
+    counted = policy().screen(
+        req.model_copy(update={"prompt_tokens": 40}), Priority.STANDARD, control(), NOW
+    )
+    assert isinstance(counted, Screened)
+    assert (counted.prompt_tokens, counted.tenant.tokens) == (40, 40 + 50)
 
 
 def test_enterprise_goes_to_its_dedicated_pool_whatever_it_asked_for() -> None:

@@ -17,6 +17,7 @@ from schemas import (
     ReasonCode,
     Tier,
 )
+from services.common.tokenizer import count_tokens
 from services.ingress.keys import DAY_S, KeyRecord, check
 from services.ingress.keystore import TenantPolicy
 from services.ingress.openai import error_for_refusal
@@ -62,6 +63,24 @@ async def test_the_key_decides_tenant_tier_and_priority(parts: Parts) -> None:
     assert got.deadline_at == now + 120
     assert got.client.region == "eu-west"
     assert REGISTRY.get_sample_value("seawall_ingress_prompt_tokens_count") == before + 1
+
+
+async def test_ingress_counts_the_prompt_whatever_the_producer_wrote(parts: Parts) -> None:
+    """Admission reserves what ``prompt_tokens`` says: a producer's figure never
+    reaches it, and a redacted prompt is counted as the engine will read it."""
+    forged = await parts.gate.prepare(
+        request(parts, prompt="hello there world", prompt_tokens=0), principal(parts)
+    )
+    assert isinstance(forged, InferenceRequest)
+    assert forged.prompt_tokens == count_tokens("hello there world") == 3
+    messages = (ChatMessage(role="user", content="password: hunter22 please"),)
+    redacted = await parts.gate.prepare(
+        request(parts, prompt=None, messages=messages, prompt_tokens=10**6), principal(parts)
+    )
+    assert isinstance(redacted, InferenceRequest)
+    assert redacted.messages is not None
+    assert redacted.prompt_tokens == count_tokens(redacted.messages[0].content)
+    assert redacted.prompt_tokens != count_tokens(messages[0].content)
 
 
 async def test_deadlines_only_get_shorter(parts: Parts) -> None:
