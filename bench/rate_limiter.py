@@ -1,18 +1,23 @@
 """Rate-limiter throughput: seawall's Redis token bucket against the ``limits`` library.
 
-Every limiter makes one decision per operation on the same Redis. Each client has its
-own connection and one decision in flight at a time (a request path waits for its
-decision); clients use distinct keys, so this measures throughput, not contention on one
-key. Clients are asyncio tasks spread over ``min(clients, cpus)`` processes: 8 clients on
-2 cores are 2 processes of 4 (8 processes would only take turns on the cores). The
-clients of a measurement start together (a barrier, after their connections and scripts
-are warm) and stop together; operations per second = all their decisions / the duration.
+Every limiter decides on the same Redis. Each client has its own connection and one
+operation in flight at a time (a request path waits for its decision); an operation is
+one decision, except for ``seawall-batch``; clients use distinct keys, so this measures
+throughput, not contention on one key. Clients are asyncio tasks spread over
+``min(clients, cpus)`` processes: 8 clients on 2 cores are 2 processes of 4 (8 processes
+would only take turns on the cores). The clients of a measurement start together (a
+barrier, after their connections and scripts are warm) and stop together; decisions per
+second = all their decisions / the duration.
 
-- ``seawall``: ``RedisQuota.decide`` — one Lua script deciding the request and token
-  dimensions together (tokens and timestamp in one hash per dimension, Redis ``TIME``),
-  its reply parsed into a ``QuotaDecision``.
+- ``seawall``: ``RedisQuota.decide`` — one Lua script call deciding the request and
+  token dimensions together (tokens and timestamp in one hash per dimension, Redis
+  ``TIME``), its reply parsed into a ``QuotaDecision``: one decision per round trip.
+- ``seawall-batch``: ``RedisQuota.decide_many`` of ``BATCH`` decisions (admission's
+  ``intake_batch``, 200) per operation, as admission decides the requests of a fetch:
+  script calls of up to 64 charges, pipelined, one round trip. Each decision is the same
+  atomic charge as above; what is shared is the round trip and the tier's limits.
 - ``limits-moving``: the ``limits`` library's Redis moving-window limiter (a Lua script
-  over a list of hit timestamps).
+  over a list of hit timestamps); its API decides one hit per call.
 - ``limits-fixed``: its fixed-window limiter (a Lua INCR + EXPIRE).
 - ``python-evalsha``: the baseline — EVALSHA of a trivial script (``return 1``) through the
   same client stack (redis-py's asyncio client; ``limits`` is given the same, its
@@ -20,10 +25,10 @@ are warm) and stop together; operations per second = all their decisions / the d
 - ``redis-benchmark``: the ceiling — the same trivial EVALSHA from C (``redis-benchmark
   -c <clients>``, no pipelining: one request in flight per client, as here).
 
-Each limiter is one EVALSHA per decision, so Redis's own ``INFO commandstats`` (read
-before and after each measurement) also gives the server's time per decision: what
-bounds a Redis core shared by many clients. ``evalsha_calls_per_decision`` checks that
-nobody else used the Redis meanwhile (1.0 if so).
+Every limiter is EVALSHA only, so Redis's own ``INFO commandstats`` (read before and
+after each measurement) also gives the server's time per decision: what bounds a Redis
+core shared by many clients. ``evalsha_calls_per_decision`` checks that nobody else used
+the Redis meanwhile (1.0 if so; for ``seawall-batch``, 4 calls per 200 decisions).
 
 Limits are high enough that every decision admits: a refusal costs the same, and an
 admitted decision writes, which is the more expensive path.
@@ -43,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -68,12 +74,19 @@ from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimite
 
 from schemas import Tier
 from services.admission.bucket import Limit, TierConfig
-from services.admission.quota import RedisQuota
+from services.admission.quota import CHARGES_PER_CALL, QuotaRequest, RedisQuota
+from services.admission.settings import AdmissionSettings
 from services.common.settings import DEFAULT_REDIS_URL
 
 BASELINE = "python-evalsha"
 CEILING = "redis-benchmark"
-LIMITERS = (BASELINE, "seawall", "limits-moving", "limits-fixed")
+BATCHED = "seawall-batch"
+LIMITERS = (BASELINE, "seawall", BATCHED, "limits-moving", "limits-fixed")
+BATCH = AdmissionSettings.model_fields["intake_batch"].default
+"""Decisions per round trip for ``seawall-batch``: what admission decides together (the
+requests of one fetch, at most ``intake_batch``)."""
+EXPECTED_CALLS = {BATCHED: math.ceil(BATCH / CHARGES_PER_CALL) / BATCH}
+"""EVALSHA calls per decision when nobody else uses the Redis (1 for the others)."""
 TRIVIAL = "return 1"
 ROOMY = TierConfig(Tier.ENTERPRISE, Limit(1e9, 1e9), Limit(1e12, 1e12))
 WARMUP_OPS = 50
@@ -82,7 +95,11 @@ CEILING_OPS_PER_CLIENT_S = 20_000
 """``redis-benchmark -n`` = this × clients × duration: a few seconds at its pace here."""
 
 
-async def _make(name: str, url: str, prefix: str) -> Callable[[], Awaitable[object]]:
+Op = Callable[[], Awaitable[object]]
+"""One operation of a client: one decision, or for ``seawall-batch`` ``BATCH``."""
+
+
+async def _make(name: str, url: str, prefix: str) -> Op:
     client = aioredis.Redis.from_url(url)
     tenant = f"bench-{uuid.uuid4().hex[:8]}"
     if name == BASELINE:
@@ -91,6 +108,10 @@ async def _make(name: str, url: str, prefix: str) -> Callable[[], Awaitable[obje
     if name == "seawall":
         quota = RedisQuota(client, prefix)
         return lambda: quota.decide(tenant, ROOMY, requests=1, tokens=100)
+    if name == BATCHED:
+        quota = RedisQuota(client, prefix)
+        batch = [QuotaRequest(tenant, ROOMY, 1, 100)] * BATCH
+        return lambda: quota.decide_many(batch)
     storage = RedisStorage(
         url.replace("redis://", "async+redis://", 1), implementation="redispy", key_prefix=prefix
     )
@@ -100,11 +121,16 @@ async def _make(name: str, url: str, prefix: str) -> Callable[[], Awaitable[obje
     return lambda: limiter.hit(item, tenant)
 
 
-async def _run_for(op: Callable[[], Awaitable[object]], end: float) -> int:
+def decisions_per_op(name: str) -> int:
+    return BATCH if name == BATCHED else 1
+
+
+async def _run_for(op: Op, per_op: int, end: float) -> int:
+    """Decisions made until ``end``."""
     done = 0
     while time.perf_counter() < end:
         await op()
-        done += 1
+        done += per_op
     return done
 
 
@@ -124,12 +150,13 @@ async def _clients(
     for _ in range(rounds):
         for name in LIMITERS:
             for op in ops[name]:
-                for _ in range(WARMUP_OPS):  # connection, script load, caches
+                for _ in range(WARMUP_OPS // decisions_per_op(name) + 1):  # connection, caches
                     await op()
             phase.wait(BARRIER_TIMEOUT_S)  # warm
             phase.wait(BARRIER_TIMEOUT_S)  # go
             end = time.perf_counter() + duration_s
-            counts = await asyncio.gather(*(_run_for(op, end) for op in ops[name]))
+            per_op = decisions_per_op(name)
+            counts = await asyncio.gather(*(_run_for(op, per_op, end) for op in ops[name]))
             out.put((name, sum(counts)))
             phase.wait(BARRIER_TIMEOUT_S)  # done
 
@@ -149,11 +176,14 @@ def evalsha_stats(client: redis.Redis) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Measured:
     ops_per_s: float
-    server_us_per_call: float
-    """Redis's time per EVALSHA (``INFO commandstats``) over the measurement."""
+    """Decisions per second."""
+    server_us_per_decision: float
+    """Redis's time in EVALSHA (``INFO commandstats``) over the measurement, per
+    decision."""
     calls_per_op: float
-    """EVALSHA calls Redis counted per decision made here: 1 unless someone else used
-    this Redis meanwhile (then the server time is mixed with theirs)."""
+    """EVALSHA calls Redis counted per decision made here: ``EXPECTED_CALLS`` unless
+    someone else used this Redis meanwhile (then the server time is mixed with
+    theirs)."""
 
 
 def measure(
@@ -199,7 +229,7 @@ def measure(
                 measured[name].append(
                     Measured(
                         done / duration_s,
-                        (usec_after - usec) / max(1, calls),
+                        (usec_after - usec) / max(1, done),
                         calls / max(1, done),
                     )
                 )
@@ -277,7 +307,7 @@ def plot(
     right.set_xticks([x + width * (len(results) - 1) / 2 for x in range(len(LIMITERS))], LIMITERS)
     right.tick_params(axis="x", labelsize=8)
     right.set_ylabel("microseconds")
-    right.set_title("Redis time per decision (commandstats)")
+    right.set_title("Redis time per decision (commandstats, EVALSHA)")
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -323,7 +353,7 @@ def main() -> int:
             rounds[c] = per_round
             results[c] = {name: median(values) for name, values in per_round.items()}
             server_us[c] = {
-                name: statistics.median(m.server_us_per_call for m in ms)
+                name: statistics.median(m.server_us_per_decision for m in ms)
                 for name, ms in measured.items()
             }
             calls_per_op[c] = {
@@ -339,7 +369,7 @@ def main() -> int:
     }
     print(
         f"{'clients':>7}  {'limiter':<16}{'ops/s':>10}{'vs evalsha':>12}{'vs ceiling':>12}"
-        f"{'Redis µs/op':>13}"
+        f"{'Redis µs/decision':>19}"
     )
     for clients, row in results.items():
         for name, value in row.items():
@@ -348,10 +378,10 @@ def main() -> int:
             us = fmt(server_us[clients].get(name), ".1f")
             print(
                 f"{clients:>7}  {name:<16}{fmt(value, '.0f'):>10}{vs_base:>12}{vs_ceiling:>12}"
-                f"{us:>13}"
+                f"{us:>19}"
             )
     mixed = {
-        c: {n: round(x, 3) for n, x in row.items() if abs(x - 1) > 0.01}
+        c: {n: round(x, 3) for n, x in row.items() if abs(x / EXPECTED_CALLS.get(n, 1) - 1) > 0.01}
         for c, row in calls_per_op.items()
     }
     if any(mixed.values()):
@@ -369,7 +399,8 @@ def main() -> int:
         "ceiling": CEILING if binary is not None else None,
         "ceiling_note": None if binary is not None else "redis-benchmark not found on PATH",
         "clients_are": "asyncio tasks over min(clients, cpus) processes; own connection, one "
-        "decision in flight each, distinct keys",
+        f"operation in flight each, distinct keys; an operation is one decision, or {BATCH} "
+        f"for {BATCHED} (RedisQuota.decide_many, as admission decides a fetch)",
         "limits_implementation": "redispy (the same client stack as the baseline)",
         "duration_s_per_measurement": args.duration,
         "rounds": args.rounds,
@@ -377,16 +408,23 @@ def main() -> int:
         "quick": args.quick,
         "machine": machine(load_before, redis=str(info["redis_version"])),
         "elapsed_s": elapsed,
-        # the figure issue 15 compares from run to run, per client count
+        # the figure issue 15 compares from run to run, per client count: seawall as
+        # admission uses it (the decisions of a fetch in one round trip) ...
         "seawall_over_limits_moving_window": {
+            clients: ratio(figures[BATCHED], figures["limits-moving"])
+            for clients, figures in results.items()
+        },
+        # ... and one decision per round trip, as the moving window decides
+        "seawall_single_over_limits_moving_window": {
             clients: ratio(figures["seawall"], figures["limits-moving"])
             for clients, figures in results.items()
         },
+        "batch": BATCH,
         "results": results,
         "results_per_round": rounds,
         "ratios_vs_baseline": ratios,
         "ratios_vs_ceiling": ceiling_ratios,
-        "redis_server_us_per_evalsha": server_us,
+        "redis_server_us_per_decision": server_us,
         "evalsha_calls_per_decision": calls_per_op,
     }
     (out / "rate_limiter.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -52,6 +52,33 @@ for j = 1, nlimits do
                tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])}
 end
 
+-- The reply of a charge: its head, then each bucket's state.
+local function states(reply, buckets)
+  for i = 1, #buckets do
+    local b = buckets[i]
+    reply[#reply + 1] = fmt(b.tokens)
+    reply[#reply + 1] = fmt(b.ts)
+    reply[#reply + 1] = fmt(b.burst)
+  end
+  return reply
+end
+
+-- The outcome of buckets[first .. last] paying their costs.
+local function fits(buckets, first, last)
+  local outcome = 'admit'
+  for i = first, last do
+    local b = buckets[i]
+    if b.cost <= b.tokens then
+      -- pays from the baseline
+    elseif b.cost <= b.tokens + b.burst then
+      if outcome == 'admit' then outcome = 'degrade' end
+    else
+      outcome = 'reject'
+    end
+  end
+  return outcome
+end
+
 -- One charge: KEYS[k0 + 1 .. k0 + nkeys], its figures from ARGV[a0 + 1].
 local function charge(k0, a0, nkeys, split, marker_ttl, reservation_ttl)
   local nbuckets = nkeys
@@ -91,31 +118,6 @@ local function charge(k0, a0, nkeys, split, marker_ttl, reservation_ttl)
     buckets[i] = b
   end
 
-  local function states(reply)
-    for i = 1, nbuckets do
-      local b = buckets[i]
-      reply[#reply + 1] = fmt(b.tokens)
-      reply[#reply + 1] = fmt(b.ts)
-      reply[#reply + 1] = fmt(b.burst)
-    end
-    return reply
-  end
-
-  local function fits(first, last)
-    local outcome = 'admit'
-    for i = first, last do
-      local b = buckets[i]
-      if b.cost <= b.tokens then
-        -- pays from the baseline
-      elseif b.cost <= b.tokens + b.burst then
-        if outcome == 'admit' then outcome = 'degrade' end
-      else
-        outcome = 'reject'
-      end
-    end
-    return outcome
-  end
-
   local tenant_outcome, region_outcome = 'adjusted', ''
   if mode == 'take' then
     if marker then
@@ -123,13 +125,13 @@ local function charge(k0, a0, nkeys, split, marker_ttl, reservation_ttl)
       if seen then
         local comma = string.find(seen, ',', 1, true)
         return states({string.sub(seen, 1, comma - 1), clock[1], clock[2],
-                       string.sub(seen, comma + 1), 1})
+                       string.sub(seen, comma + 1), 1}, buckets)
       end
     end
     if split > 0 then
-      region_outcome = fits(1, split)
+      region_outcome = fits(buckets, 1, split)
     end
-    tenant_outcome = fits(split + 1, nbuckets)
+    tenant_outcome = fits(buckets, split + 1, nbuckets)
     if tenant_outcome ~= 'reject' and region_outcome ~= 'reject' then
       for i = 1, nbuckets do
         local b = buckets[i]
@@ -180,12 +182,12 @@ local function charge(k0, a0, nkeys, split, marker_ttl, reservation_ttl)
     end
     redis.call('PEXPIRE', b.key, string.format('%d', math.ceil(full_after * 1000) + margin))
   end
-  return states({tenant_outcome, clock[1], clock[2], region_outcome, 0})
+  return states({tenant_outcome, clock[1], clock[2], region_outcome, 0}, buckets)
 end
 
 local replies = {}
-local k0, a = 0, 3 + nlimits * 4
-while a < #ARGV do
+local k0, a, nargs = 0, 3 + nlimits * 4, #ARGV
+while a < nargs do
   local nkeys, split = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local marker_ttl, reservation_ttl = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local nbuckets = nkeys
