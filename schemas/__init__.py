@@ -5,6 +5,7 @@ One module per event family; each top-level message is a frozen pydantic model w
 ``schemas/json/`` for producers in other languages (``python -m schemas.export``).
 """
 
+from schemas.alerts import Alert
 from schemas.audit import AuditEvent
 from schemas.base import SCHEMA_VERSION, Message
 from schemas.control import (
@@ -72,6 +73,7 @@ TOP_LEVEL: tuple[type[Message], ...] = (
     QuotaHint,
     AuditEvent,
     DeadLetter,
+    Alert,
 )
 
 __all__ = [
@@ -79,6 +81,7 @@ __all__ = [
     "TIER_PRIORITY",
     "TOP_LEVEL",
     "AbortRequest",
+    "Alert",
     "AuditEvent",
     "BatchLimit",
     "BreakerLevel",

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Discriminator, Tag, TypeAdapter, ValidationError
 from schemas import (
     SCHEMA_VERSION,
     AbortRequest,
+    Alert,
     ControlEvent,
     DispatchedRequest,
     InferenceRequest,
@@ -29,6 +30,7 @@ TELEMETRY: TypeAdapter[TelemetryEvent] = TypeAdapter(TelemetryEvent)
 COMPLETION: TypeAdapter[RequestCompleted] = TypeAdapter(RequestCompleted)
 HINT: TypeAdapter[QuotaHint] = TypeAdapter(QuotaHint)
 CONTROL: TypeAdapter[ControlEvent] = TypeAdapter(ControlEvent)
+ALERT: TypeAdapter[Alert] = TypeAdapter(Alert)
 
 
 def _ingress_kind(data: Any) -> str:
