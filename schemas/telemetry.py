@@ -34,6 +34,9 @@ from schemas.base import (
 )
 from schemas.requests import Priority, Tier
 
+LONG_PROMPT_TOKENS = 4096
+"""A prompt is long above this many tokens (DESIGN, "Pre-filter")."""
+
 
 class RequestCompleted(Message):
     """One per request a worker finished (any outcome), on ``llm.completions``."""
@@ -108,6 +111,9 @@ class RequestSummary(Wire):
     """The sum of those requests' mean inter-token latencies."""
     prompt_tokens: Count = 0
     completion_tokens: Count = 0
+    long_prompts: Count = 0
+    """Requests whose prompt had more than ``LONG_PROMPT_TOKENS`` tokens (DESIGN's long
+    prompt: the controller alerts when their share passes 30 %)."""
 
 
 class EngineLimitsInfo(Wire):

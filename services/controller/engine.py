@@ -84,6 +84,7 @@ from services.controller.policy import (
 )
 from services.controller.policy import Evidence as PolicyEvidence
 from services.controller.policy.breaker import HEARTBEAT, LATENCY_ROW
+from services.controller.policy.prompts import LongPromptAlert
 
 MAX_SECONDS = 86_400.0
 """The wire's bound on a duration (``schemas.base.Seconds``)."""
@@ -401,6 +402,10 @@ class PoolEngine:
         self._waiting = config.gauge_window()
         self._breaker = Breaker(self.scope, config.breaker)
         self._ladder = DegradationLadder(self.scope, config.degradation)
+        self._long_prompts = LongPromptAlert(self.scope)
+        self.long_prompts: Evidence | None = None
+        """While long prompts are over their share in this pool, the evidence of it
+        (an alert, not a control decision: nothing acts on it but an operator)."""
         self.inputs: dict[str, dict[str, float]] = {}
         """Per scope, the signals of the last evaluation (for the metrics)."""
         self._observed: set[str] = set()
@@ -508,6 +513,10 @@ class PoolEngine:
         statuses[self.scope] = self._breaker.status
         return statuses
 
+    def lost_workers(self) -> dict[str, float]:
+        """Per worker scope, since when its heartbeat is lost."""
+        return {w.scope: w.lost_since for w in self._workers.values() if w.lost_since is not None}
+
     @property
     def degradation(self) -> DegradationStatus:
         return self._ladder.status
@@ -566,6 +575,7 @@ class PoolEngine:
         """A report interval's finished requests: into the windows, the batch limit and
         the half-open probes."""
         latencies = ddsketch_of(summary.latency)
+        self._long_prompts.record(now, summary.count, summary.long_prompts)
         worker.requests.record_many(now, latencies, summary.errors)
         self._requests.record_many(now, latencies, summary.errors)
         if worker.batch is not None:
@@ -689,6 +699,11 @@ class PoolEngine:
         if ladder is not None:
             previous = describe_degradation(ladder.previous_state)
             self._issue_degradation(ladder.new_state, ladder.evidence, previous, now)
+        long_prompts = self._long_prompts.evaluate(now)
+        if long_prompts is not None:
+            self.long_prompts = (
+                wire_evidence(long_prompts.evidence, "off") if long_prompts.new_state else None
+            )
         republished: tuple[ControlEvent, ...] = ()
         if now - self._last_republish >= cfg.republish_s:
             self._last_republish = now

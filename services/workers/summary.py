@@ -10,6 +10,7 @@ cost follows the number of workers, not their request rate.
 from __future__ import annotations
 
 from schemas import RequestSummary
+from schemas.telemetry import LONG_PROMPT_TOKENS
 from services.common.sketch import SketchBuilder
 
 
@@ -36,7 +37,7 @@ class RequestSummarizer:
         self._mean = self._m2 = 0.0
         self._ttft_count = self._itl_count = 0
         self._ttft_sum = self._itl_sum = 0.0
-        self._prompt_tokens = self._completion_tokens = 0
+        self._prompt_tokens = self._completion_tokens = self._long_prompts = 0
 
     def add(
         self,
@@ -60,6 +61,7 @@ class RequestSummarizer:
             self._itl_count += 1
             self._itl_sum += itl
         self._prompt_tokens += prompt_tokens
+        self._long_prompts += prompt_tokens > LONG_PROMPT_TOKENS
         self._completion_tokens += completion_tokens
 
     def take(self, now: float) -> RequestSummary:
@@ -77,6 +79,7 @@ class RequestSummarizer:
             itl_sum_ms=self._itl_sum,
             prompt_tokens=self._prompt_tokens,
             completion_tokens=self._completion_tokens,
+            long_prompts=self._long_prompts,
         )
         self._since = now
         self._reset()

@@ -2,12 +2,16 @@
 in the last 5 minutes are longer than 4096 tokens; off once the share stayed below 20%
 for a minute (the exit is chosen here: DESIGN gives only the trigger). At least 20
 prompts in the window before it can fire, so a quiet minute with two long prompts of
-three does not page anyone."""
+three does not page anyone.
+
+Workers count the long prompts among the requests they finished (``RequestSummary
+.long_prompts``, over ``LONG_PROMPT_TOKENS``); the alert reads those counts, per pool."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from schemas.telemetry import LONG_PROMPT_TOKENS
 from services.controller.policy.decision import Decision, DecisionKind
 from services.controller.policy.hysteresis import Latch, Threshold
 from services.controller.policy.windows import ShareWindow
@@ -20,8 +24,6 @@ METRIC = "long_prompt_share"
 
 @dataclass(frozen=True)
 class LongPromptConfig:
-    long_prompt_tokens: int = 4096
-    """A prompt is long when it has strictly more tokens than this."""
     share: Threshold = LONG_PROMPT_SHARE
     step_s: float = 10.0
     """Bucket width of the window."""
@@ -38,8 +40,9 @@ class LongPromptAlert:
     def on(self) -> bool:
         return self._latch.tripped
 
-    def record(self, now: float, prompt_tokens: int) -> None:
-        self._window.record(now, prompt_tokens > self.config.long_prompt_tokens)
+    def record(self, now: float, prompts: int, long_prompts: int) -> None:
+        """``prompts`` finished at ``now``, ``long_prompts`` of them long."""
+        self._window.record_many(now, prompts, long_prompts)
 
     def evaluate(self, now: float) -> Decision[bool] | None:
         was_on = self._latch.tripped
@@ -56,7 +59,7 @@ class LongPromptAlert:
                 evidence,
                 thresholds={
                     **evidence.thresholds,
-                    "long_prompt_tokens": float(self.config.long_prompt_tokens),
+                    "long_prompt_tokens": float(LONG_PROMPT_TOKENS),
                 },
             ),
         )

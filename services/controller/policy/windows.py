@@ -274,9 +274,15 @@ class ShareWindow(_Window[_ShareBucket]):
         super().__init__(size_s, step_s, _ShareBucket)
 
     def record(self, now: float, hit: bool) -> None:
+        self.record_many(now, 1, 1 if hit else 0)
+
+    def record_many(self, now: float, total: int, hits: int) -> None:
+        """``total`` events at ``now``, ``hits`` of them hits."""
+        if not 0 <= hits <= total:
+            raise ValueError(f"hits must be within 0..total, got {hits} of {total}")
         bucket = self._bucket_at(now)
-        bucket.total += 1
-        bucket.hits += 1 if hit else 0
+        bucket.total += total
+        bucket.hits += hits
 
     def stats(self, now: float, window_s: float | None = None) -> ShareStats:
         total, window_s = self._fold(now, window_s)

@@ -12,6 +12,7 @@ so long prompts arrive mostly as CJK text or over Kafka.
 
 from __future__ import annotations
 
+from schemas.telemetry import LONG_PROMPT_TOKENS
 from services.common.tokenizer import count_tokens
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "long_prompt_share_promql",
 ]
 
-LONG_PROMPT_TOKENS = 4096
 LONG_PROMPT_ALERT_SHARE = 0.30
 
 PROMPT_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2**k) for k in range(4, 16))

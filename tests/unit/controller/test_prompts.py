@@ -12,20 +12,17 @@ pytestmark = pytest.mark.unit
 
 
 def feed(alert: LongPromptAlert, now: float, long: int, short: int) -> None:
-    for _ in range(long):
-        alert.record(now, 5000)
-    for _ in range(short):
-        alert.record(now, 100)
+    alert.record(now, long + short, long)
 
 
-def test_a_long_prompt_has_strictly_more_than_4096_tokens() -> None:
+def test_counts_arrive_in_batches() -> None:
     alert = LongPromptAlert()
-    for _ in range(20):
-        alert.record(0.0, 4096)
+    alert.record(0.0, 20, 0)
     assert alert.evaluate(0.0) is None
-    for _ in range(20):
-        alert.record(1.0, 4097)
+    alert.record(1.0, 20, 20)
     assert alert.evaluate(1.0) is not None
+    with pytest.raises(ValueError, match="hits"):
+        alert.record(2.0, 3, 4)
 
 
 def test_on_strictly_past_30_percent_not_at_it() -> None:

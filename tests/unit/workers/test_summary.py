@@ -74,3 +74,12 @@ def test_taking_a_summary_starts_the_next_interval() -> None:
     second = summarizer.take(2.5)
     assert (first.count, first.errors, first.window_s) == (1, 1, 1.0)
     assert (second.count, second.errors, second.window_s, second.latency.bins) == (0, 0, 1.5, ())
+
+
+def test_a_long_prompt_has_strictly_more_than_4096_tokens() -> None:
+    summarizer = RequestSummarizer(since=0.0)
+    for tokens in (100, 4096, 4097, 30_000):
+        summarizer.add(10.0, ok=True, prompt_tokens=tokens)
+    summary = summarizer.take(1.0)
+    assert (summary.count, summary.long_prompts) == (4, 2)
+    assert summarizer.take(2.0).long_prompts == 0

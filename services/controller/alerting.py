@@ -1,0 +1,90 @@
+"""What in a pool's state deserves an alert (``policy.alerts.Condition``), read from its
+``PoolEngine`` at every full tick. Pure: no I/O, no clock.
+
+- ``breaker_open``: a breaker not closed, or closed but acting (level ≥ rate limit);
+  critical for a pool refusing new work, a warning otherwise. A worker whose heartbeat
+  is lost has its breaker open for that reason: it gets ``heartbeat_lost`` instead
+  (one cause, one alert);
+- ``heartbeat_lost``: a worker not heard from past the heartbeat timeout (warning);
+- ``degradation``: the pool's ladder engaged (warning; critical from level 3, when
+  requests are answered from the static fallback);
+- ``long_prompt_share``: prompts over ``LONG_PROMPT_TOKENS`` above 30 % of the pool's
+  requests in five minutes (warning; ``policy.prompts``).
+
+Each carries the evidence of the decision in force behind it, so a notification says
+why without another lookup.
+"""
+
+from __future__ import annotations
+
+from schemas import BreakerLevel, Evidence
+from services.controller.engine import PoolEngine
+from services.controller.policy import Circuit
+from services.controller.policy.alerts import Condition
+
+STATIC_FALLBACK_LEVEL = 3
+"""The ladder's rung at which requests get the static fallback (DESIGN)."""
+
+
+def _evidence(engine: PoolEngine, key: str, fallback: str) -> Evidence:
+    event = engine.in_force.get(key)
+    return event.evidence if event is not None else Evidence(reason=fallback)
+
+
+def conditions(engine: PoolEngine) -> list[Condition]:
+    pool, found = engine.pool, []
+    lost = engine.lost_workers()
+    for scope in sorted(lost):
+        found.append(
+            Condition(
+                "heartbeat_lost",
+                scope,
+                pool,
+                "warning",
+                f"{scope} of pool {pool} is not heard from (heartbeat lost)",
+                _evidence(engine, f"breaker/{scope}", "heartbeat lost"),
+            )
+        )
+    for scope, status in sorted(engine.breakers().items()):
+        acting = status.circuit is not Circuit.CLOSED or status.level >= BreakerLevel.RATE_LIMIT
+        if not acting or scope in lost:
+            continue
+        refusing = status.circuit is Circuit.OPEN or status.level >= BreakerLevel.REJECT_NEW
+        found.append(
+            Condition(
+                "breaker_open",
+                scope,
+                pool,
+                "critical" if scope == engine.scope and refusing else "warning",
+                f"breaker of {scope} is {status.circuit.value} at level "
+                f"{status.level.name.lower()} ({', '.join(status.tripped) or 'recovering'})",
+                _evidence(engine, f"breaker/{scope}", "breaker acting"),
+            )
+        )
+    level = engine.degradation.level
+    if level > 0:
+        found.append(
+            Condition(
+                "degradation",
+                engine.scope,
+                pool,
+                "critical" if level >= STATIC_FALLBACK_LEVEL else "warning",
+                f"pool {pool} is degraded to level {level} "
+                f"({', '.join(engine.degradation.triggered) or 'holding'})",
+                _evidence(engine, f"degradation/{engine.scope}", "degraded"),
+            )
+        )
+    if engine.long_prompts is not None:
+        share = engine.long_prompts.metrics.get("long_prompt_share")
+        shown = "" if share is None else f" ({share:.0%} of its prompts)"
+        found.append(
+            Condition(
+                "long_prompt_share",
+                engine.scope,
+                pool,
+                "warning",
+                f"long prompts are over their share in pool {pool}{shown}",
+                engine.long_prompts,
+            )
+        )
+    return found

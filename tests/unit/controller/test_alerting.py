@@ -1,0 +1,92 @@
+"""What in a pool's state becomes an alert condition, with the evidence behind it."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas import BreakerState, WorkerReport
+from services.controller.alerting import conditions
+from services.controller.engine import EngineConfig
+from services.controller.policy import HeartbeatConfig
+from services.workers.summary import RequestSummarizer
+from tests.unit.controller.test_engine import T0, Fleet, gpu, heartbeat
+
+pytestmark = pytest.mark.unit
+
+
+def rules(fleet: Fleet) -> dict[tuple[str, str], str]:
+    """(rule, scope) → severity."""
+    return {(c.rule, c.scope): c.severity for c in conditions(fleet.engine)}
+
+
+def test_a_healthy_pool_raises_nothing() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0))
+    fleet.serve("w1", 40)
+    fleet.tick()
+    assert conditions(fleet.engine) == []
+
+
+def test_tripped_breakers_and_the_ladder_raise_alerts_with_their_decisions_evidence() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0))
+    fleet.serve("w1", 40, errors=20)
+    fleet.tick()
+    assert rules(fleet) == {
+        ("breaker_open", "worker:w1"): "warning",
+        ("breaker_open", "pool:main"): "critical",  # the pool refuses new work
+        ("degradation", "pool:main"): "warning",  # level 2
+    }
+    pool = next(c for c in conditions(fleet.engine) if c.scope == "pool:main")
+    in_force = fleet.engine.in_force["breaker/pool:main"]
+    assert isinstance(in_force, BreakerState)
+    assert pool.evidence == in_force.evidence
+    assert pool.evidence.metrics["error_rate"] == pytest.approx(0.5)
+    assert "open" in pool.summary
+    assert "error_rate" in pool.summary
+
+
+def test_a_lost_worker_is_one_heartbeat_alert_not_also_a_breaker_alert() -> None:
+    fleet = Fleet(EngineConfig(heartbeat=HeartbeatConfig(timeout_s=10.0)))
+    fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0))
+    fleet.tick(advance=5.0)
+    fleet.feed(heartbeat("w2", fleet.now))
+    fleet.tick(advance=6.0)
+    assert rules(fleet) == {("heartbeat_lost", "worker:w1"): "warning"}
+    (lost,) = conditions(fleet.engine)
+    assert lost.evidence.metrics["heartbeat_age_s"] == pytest.approx(11.0)
+
+
+def test_the_static_fallback_rung_is_critical() -> None:
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), gpu("w1", T0, temperature_c=91.0))
+    fleet.tick()
+    assert rules(fleet) == {("degradation", "pool:main"): "critical"}
+
+
+def long_prompt_report(at: float, long: int, short: int) -> WorkerReport:
+    summary = RequestSummarizer(at - 1.0)
+    for tokens in [5000] * long + [100] * short:
+        summary.add(50.0, ok=True, prompt_tokens=tokens, completion_tokens=10)
+    return WorkerReport(
+        worker_id="w1", pool="main", at=at, heartbeat=heartbeat("w1", at), requests=summary.take(at)
+    )
+
+
+def test_the_long_prompt_share_raises_an_alert_that_decays_when_traffic_stops() -> None:
+    fleet = Fleet()
+    fleet.feed(long_prompt_report(T0, long=10, short=20))
+    fleet.tick()
+    (alert,) = conditions(fleet.engine)
+    assert (alert.rule, alert.scope, alert.severity) == (
+        "long_prompt_share",
+        "pool:main",
+        "warning",
+    )
+    assert alert.evidence.metrics["long_prompt_share"] == pytest.approx(10 / 30)
+    assert alert.evidence.thresholds["long_prompt_tokens"] == 4096
+    assert "33%" in alert.summary
+    for _ in range(40):  # the workers keep beating, nobody sends prompts
+        fleet.feed(heartbeat("w1", fleet.now))
+        fleet.tick(advance=10.0)
+    assert conditions(fleet.engine) == []
