@@ -63,8 +63,11 @@ from services.common.failures import is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks, wait_set
 from services.common.serde import TELEMETRY, DecodeError, decode, encode
 from services.controller import metrics as m
+from services.controller.alerting import conditions
 from services.controller.engine import Output, PoolEngine, PoolRecord, WorkerRecord
+from services.controller.notify import Email, Notifiers, Sender, SmtpConfig, Webhook
 from services.controller.outbox import Outbox
+from services.controller.policy.alerts import AlertBook, Reconciled
 from services.controller.settings import ControllerSettings
 from services.controller.transport import App
 
@@ -81,6 +84,30 @@ R = TypeVar("R", PoolRecord, WorkerRecord)
 KEY_SEPARATOR = b"#"
 """Between the pool and the worker in a worker record's key (never in an ``Ident``)."""
 _PARTITIONER = DefaultPartitioner()
+
+
+def notifiers_of(settings: ControllerSettings) -> Notifiers:
+    """The notifiers the settings configure (none: alerts are only published)."""
+    senders: list[Sender] = []
+    s = settings
+    if s.alert_webhook_url:
+        senders.append(
+            Webhook(s.alert_webhook_url, s.alert_webhook_format, s.alert_notify_timeout_s)
+        )
+    if s.alert_smtp_host:
+        password = s.alert_smtp_password
+        smtp = SmtpConfig(
+            host=s.alert_smtp_host,
+            port=s.alert_smtp_port,
+            sender=s.alert_email_from,
+            recipients=s.alert_email_recipients,
+            starttls=s.alert_smtp_starttls,
+            user=s.alert_smtp_user,
+            password=None if password is None else password.get_secret_value(),
+            timeout_s=s.alert_notify_timeout_s,
+        )
+        senders.append(Email(smtp))
+    return Notifiers(senders, attempts=s.alert_notify_attempts, retry_base_s=s.alert_notify_retry_s)
 
 
 def pool_key(pool: str) -> bytes:
@@ -193,6 +220,8 @@ class Controller(Component):
         """Whether ``route`` may decide records on their pool's partition itself."""
         self._pool_partitions: dict[str, int] = {}
         self._publisher: asyncio.Task[Any] | None = None
+        self._alerts = AlertBook(settings.alert_config())
+        self._notifiers = notifiers_of(settings)
 
     # -- lifecycle -------------------------------------------------------------
     async def on_start(self) -> None:
@@ -219,6 +248,7 @@ class Controller(Component):
             # it, so nothing is left behind, not even by a killed controller.
             shutil.rmtree(self._datadir, ignore_errors=True)
         self._publisher = self.spawn(self._outbox.run(), "publish")
+        self._notifiers.start()
         self._ticker = self.spawn(self._tick_loop(), "tick")
         log.info(
             "controller started",
@@ -238,6 +268,7 @@ class Controller(Component):
             # Stopping faust stopped (and so flushed) the changelog's producer.
             await self._outbox.drain(durable=True)
         finally:
+            await self._notifiers.stop()
             await self._producer.stop()
 
     @property
@@ -347,6 +378,12 @@ class Controller(Component):
         await self._evaluate(list(self.engines), full=True)
         async with self._lock:
             self._exporter.export(self.engines.values())
+            now = self.clock.time()
+            found = [c for engine in self.engines.values() for c in conditions(engine)]
+            alerts = self._alerts.reconcile(found, now, owned=lambda pool: pool in self.engines)
+            notes = self._alerts.due(now)
+        await self._send_alerts(alerts)
+        self._notifiers.submit(notes)
         m.TICK_SECONDS.set(time.monotonic() - started)
 
     async def evaluate(self, pools: Iterable[str]) -> None:
@@ -448,6 +485,31 @@ class Controller(Component):
         # scope's record): a restart must never restore a state older than one already
         # published. The outbox shares that flush among the decisions pending together.
         await self._outbox.put(output.events, flush_first=bool(output.changes))
+
+    async def _send_alerts(self, alerts: Reconciled) -> None:
+        """Publish alert records (not through the outbox: nothing is restored from
+        them, the book re-derives them from the pools' state after a restart)."""
+        for alert in alerts.changes:
+            log.log(
+                logging.INFO if alert.status == "resolved" else logging.WARNING,
+                "alert",
+                extra={
+                    "rule": alert.rule,
+                    "scope": alert.scope,
+                    "status": alert.status,
+                    "severity": alert.severity,
+                    "count": alert.count,
+                    "reason": alert.evidence.reason,
+                },
+            )
+        sends = [
+            await self._producer.send(
+                self.topics.alerts, encode(alert), key=alert.fingerprint.encode()
+            )
+            for alert in alerts.records
+        ]
+        await asyncio.gather(*sends)
+        m.ALERTS_FIRING.set(len(self._alerts.active()))
 
     async def _send(self, events: Sequence[ControlEvent]) -> None:
         sends = [

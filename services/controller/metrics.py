@@ -87,6 +87,9 @@ EVENTS = Counter(
     "Control events published, by kind and cause (change, republish)",
     ["kind", "cause"],
 )
+ALERTS_FIRING = Gauge(
+    "seawall_alerts_firing", "Alerts firing in the pools this controller instance decides for"
+)
 TICK_SECONDS = Gauge(
     "seawall_controller_tick_seconds", "Duration of the last evaluation of every pool"
 )

@@ -9,12 +9,13 @@ window: it follows the workers' telemetry interval, so it has its own setting.
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from services.common.settings import CommonSettings
 from services.controller.engine import EngineConfig, scaled_config
+from services.controller.policy.alerts import AlertConfig
 
 
 class ControllerSettings(CommonSettings):
@@ -64,10 +65,49 @@ class ControllerSettings(CommonSettings):
     controller_session_timeout_s: float = Field(default=10.0, ge=3, le=300)
     """Consumer-group session: how soon a crashed controller's partitions move on."""
 
+    # -- alerts (``policy.alerts``, ``notify``) -------------------------------------
+    alert_group_wait_s: float = Field(default=10.0, ge=0, le=3600)
+    """How long the first notification of a (rule, pool) waits for others to join it."""
+    alert_renotify_s: float = Field(default=3600.0, ge=0, le=7 * 86_400)
+    """A firing alert is notified again after this long, and a flapping one not sooner."""
+    alert_republish_s: float = Field(default=30.0, gt=0, le=3600)
+    alert_valid_for_s: float = Field(default=120.0, gt=0, le=86_400)
+    alert_webhook_url: str | None = None
+    """Where notifications are POSTed (none: no webhook)."""
+    alert_webhook_format: Literal["json", "slack"] = "json"
+    alert_smtp_host: str | None = None
+    """The SMTP server for e-mail notifications (none: no e-mail)."""
+    alert_smtp_port: int = Field(default=25, ge=1, le=65_535)
+    alert_smtp_starttls: bool = False
+    alert_smtp_user: str | None = None
+    alert_smtp_password: SecretStr | None = None
+    alert_email_from: str = "seawall@localhost"
+    alert_email_to: str = ""
+    """Comma-separated recipients."""
+    alert_notify_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    alert_notify_attempts: int = Field(default=5, ge=1, le=100)
+    alert_notify_retry_s: float = Field(default=1.0, gt=0, le=60)
+    """The first retry's backoff ceiling (doubling per attempt, at most 60 s)."""
+
     @model_validator(mode="after")
     def _consistent_policy(self) -> Self:
         self.engine_config()  # raises ValueError, e.g. if decisions would expire between
-        return self  # two re-publications
+        self.alert_config()  # two re-publications
+        if self.alert_smtp_host and not self.alert_email_recipients:
+            raise ValueError("SEAWALL_ALERT_SMTP_HOST needs SEAWALL_ALERT_EMAIL_TO")
+        return self
+
+    def alert_config(self) -> AlertConfig:
+        return AlertConfig(
+            group_wait_s=self.alert_group_wait_s,
+            renotify_s=self.alert_renotify_s,
+            republish_s=self.alert_republish_s,
+            valid_for_s=self.alert_valid_for_s,
+        )
+
+    @property
+    def alert_email_recipients(self) -> tuple[str, ...]:
+        return tuple(a.strip() for a in self.alert_email_to.split(",") if a.strip())
 
     @property
     def app_id(self) -> str:

@@ -92,6 +92,14 @@ def fingerprint(rule: str, scope: str) -> str:
     return hashlib.sha256(f"{rule}\0{scope}".encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class Reconciled:
+    records: list[Alert]
+    """To publish, in order: changes and re-publications."""
+    changes: list[Alert]
+    """Of those, the alerts that fired, resolved or changed severity (worth a log line)."""
+
+
 @dataclass
 class _Tracked:
     alert: Alert
@@ -128,11 +136,12 @@ class AlertBook:
         conditions: Iterable[Condition],
         now: float,
         owned: Callable[[str | None], bool] = lambda pool: True,
-    ) -> list[Alert]:
+    ) -> Reconciled:
         """Bring the book in line with ``conditions`` (everything that holds now in the
-        pools ``owned`` says this caller owns); return the records to publish, in order."""
+        pools ``owned`` says this caller owns); return the records to publish."""
         cfg = self.config
         out: list[Alert] = []
+        changes: list[Alert] = []
         holding: set[str] = set()
         for c in conditions:
             fp = fingerprint(c.rule, c.scope)
@@ -142,6 +151,7 @@ class AlertBook:
             tracked = self._tracked.get(fp)
             if tracked is None or tracked.alert.status == "resolved":
                 out.append(self._fire(fp, c, tracked, now))
+                changes.append(out[-1])
                 continue
             before = tracked.alert
             tracked.alert = before.model_copy(
@@ -152,6 +162,8 @@ class AlertBook:
                     "evidence": c.evidence,
                 }
             )
+            if before.severity != c.severity:
+                changes.append(tracked.alert)
             if before.severity != c.severity or now - tracked.published_at >= cfg.republish_s:
                 tracked.published_at = now
                 out.append(tracked.alert)
@@ -165,9 +177,10 @@ class AlertBook:
                 del self._tracked[fp]
             elif alert.status == "firing" and fp not in holding:
                 out.append(self._resolve(fp, tracked, now))
+                changes.append(out[-1])
             elif alert.status == "resolved" and now - alert.last_seen > cfg.forget_after_s:
                 del self._tracked[fp]
-        return out
+        return Reconciled(out, changes)
 
     def due(self, now: float) -> list[Notification]:
         """The groups whose wait is over, as one notification each (oldest first)."""

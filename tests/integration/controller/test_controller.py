@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from schemas import (
+    Alert,
     BatchLimit,
     BreakerLevel,
     BreakerState,
@@ -33,13 +34,14 @@ from schemas import (
 from seawall.embedded import free_port
 from services.common.bus import ensure_topics, make_consumer, make_producer
 from services.common.control import ControlFollower, ControlState
-from services.common.serde import encode
+from services.common.serde import ALERT, decode, encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
 from services.controller.app import Controller
 from services.controller.settings import ControllerSettings
 from services.workers.service import Worker
 from tests.fleet import dispatched, produce, sim_worker, until, worker_settings
+from tests.integration.controller.conftest import Hook
 
 #: The controller's scaled policy, the same in-process and as a process.
 CONTROLLER = {
@@ -201,12 +203,49 @@ async def test_injected_latency_shrinks_the_batch_limit_and_the_workers_in_fligh
         assert max(samples) == 4  # the new limit, used and never exceeded
 
 
+NOTIFIED = {
+    ("breaker_open", "firing", "worker:w1"),
+    ("breaker_open", "firing", "pool:main"),
+    ("degradation", "firing", "pool:main"),
+}
+
+
+def notified(hook: Hook) -> set[tuple[object, object, object]]:
+    """(rule, status, scope) of every alert the webhook was told about."""
+    seen: set[tuple[object, object, object]] = set()
+    for body in hook.bodies:
+        members = body["alerts"]
+        assert isinstance(members, list)
+        seen |= {(body["rule"], body["status"], a["scope"]) for a in members}
+    return seen
+
+
+async def alerts_on(settings: CommonSettings, topics: Topics, timeout_s: float) -> list[Alert]:
+    """Every alert record on the topic (read from its start)."""
+    consumer = make_consumer(settings, topics.alerts, group_id=None)
+    await consumer.start()
+    found: list[Alert] = []
+    try:
+        await consumer.seek_to_beginning()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=300)
+            if not batches and found:
+                break
+            found += [decode(ALERT, r.value) for rs in batches.values() for r in rs]
+    finally:
+        await consumer.stop()
+    return found
+
+
 async def test_injected_errors_trip_the_breakers_and_degrade_the_pool(
-    settings: CommonSettings, topics: Topics
+    settings: CommonSettings, topics: Topics, hook: Hook
 ) -> None:
     async with (
         control_log(settings, topics) as control,
-        controller(settings),
+        controller(
+            settings, alert_webhook_url=hook.url, alert_group_wait_s=0.5, alert_republish_s=1.0
+        ),
         worker(settings, sim_error_rate=0.6),
     ):
         await load(settings, topics, 300)
@@ -214,6 +253,9 @@ async def test_injected_errors_trip_the_breakers_and_degrade_the_pool(
         await until(lambda: control.first("breaker/worker:w1", trips) is not None, 60)
         await until(lambda: control.first("breaker/pool:main", trips) is not None, 10)
         await until(lambda: control.first("degradation/pool:main", level_is(2)) is not None, 10)
+        # each is an alert on llm.alerts with its decision's evidence, and notified
+        await until(lambda: notified(hook) >= NOTIFIED, 20)
+        alerts = await alerts_on(settings, topics, 10)
         # what cannot be decoded is dead-lettered with the reason, and the controller goes on
         await produce(settings, topics.telemetry, [b"{not json"])
         (letter,) = await dead_letters(settings, topics, 1)
@@ -243,6 +285,14 @@ async def test_injected_errors_trip_the_breakers_and_degrade_the_pool(
     assert degraded.max_tokens_cap == 512
     assert degraded.small_pool == "small"
     assert degraded.evidence.metrics["error_rate"] > 0.15
+
+    firing = {(a.rule, a.scope): a for a in alerts if a.status == "firing"}
+    assert {("breaker_open", "worker:w1"), ("breaker_open", "pool:main")} <= set(firing)
+    assert ("degradation", "pool:main") in firing
+    pool_alert = firing[("breaker_open", "pool:main")]
+    assert pool_alert.severity == "critical"
+    assert pool_alert.evidence.metrics["error_rate"] > 0.30
+    assert pool_alert.count == 1
 
 
 async def test_an_over_temperature_gpu_puts_its_pool_on_static_replies(

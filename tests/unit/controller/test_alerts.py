@@ -32,11 +32,13 @@ def cond(
 
 def test_a_condition_fires_once_and_is_notified_after_the_group_wait() -> None:
     book = AlertBook(CFG)
-    (fired,) = book.reconcile([cond()], 0.0)
+    out = book.reconcile([cond()], 0.0)
+    (fired,) = out.records
+    assert out.changes == [fired]
     assert (fired.status, fired.count, fired.first_seen) == ("firing", 1, 0.0)
     assert fired.fingerprint == fingerprint("breaker_open", "worker:w1")
     assert book.due(9.9) == []
-    assert book.reconcile([cond()], 5.0) == []  # still holding: nothing new to publish
+    assert book.reconcile([cond()], 5.0).records == []  # still holding: nothing new to publish
     (note,) = book.due(10.0)
     assert (note.rule, note.pool, note.status) == ("breaker_open", "main", "firing")
     assert [a.last_seen for a in note.alerts] == [5.0]  # as it stands when sent
@@ -62,7 +64,7 @@ def test_a_burst_in_one_pool_is_one_notification() -> None:
 def test_a_blip_shorter_than_the_group_wait_is_published_but_never_notified() -> None:
     book = AlertBook(CFG)
     book.reconcile([cond()], 0.0)
-    (resolved,) = book.reconcile([], 3.0)
+    (resolved,) = book.reconcile([], 3.0).records
     assert (resolved.status, resolved.last_seen) == ("resolved", 3.0)
     assert book.due(60.0) == []
     assert book.active() == []
@@ -84,12 +86,12 @@ def test_flapping_counts_up_instead_of_paging_again() -> None:
     book.reconcile([cond()], 0.0)
     assert len(book.due(10.0)) == 1
     book.reconcile([], 20.0)
-    (again,) = book.reconcile([cond()], 25.0)  # the resolution had not gone out yet
+    (again,) = book.reconcile([cond()], 25.0).records  # the resolution had not gone out yet
     assert (again.count, again.first_seen) == (2, 0.0)
     assert book.due(40.0) == []  # neither the resolution nor a second firing
     book.reconcile([], 50.0)
     assert [n.status for n in book.due(60.0)] == ["resolved"]
-    (third,) = book.reconcile([cond()], 100.0)
+    (third,) = book.reconcile([cond()], 100.0).records
     assert third.count == 3
     assert book.due(200.0) == []  # notified firing 190 s ago: within renotify_s
     book.reconcile([cond()], 610.0)  # still firing 600 s after the last firing notification
@@ -100,13 +102,15 @@ def test_a_firing_alert_is_republished_and_renotified() -> None:
     book = AlertBook(CFG)
     book.reconcile([cond()], 0.0)
     book.due(10.0)
-    assert book.reconcile([cond()], 29.0) == []
-    (again,) = book.reconcile([cond()], 30.0)
+    assert book.reconcile([cond()], 29.0).records == []
+    (again,) = book.reconcile([cond()], 30.0).records
     assert (again.status, again.last_seen, again.count) == ("firing", 30.0, 1)
     escalated = Condition(
         "breaker_open", "worker:w1", "main", "critical", "s", Evidence(reason="x")
     )
-    (changed,) = book.reconcile([escalated], 31.0)  # a severity change is published at once
+    out = book.reconcile([escalated], 31.0)  # a severity change is published at once
+    (changed,) = out.records
+    assert out.changes == [changed]
     assert changed.severity == "critical"
     book.reconcile([escalated], 610.0)
     (note,) = book.due(620.0)
@@ -118,7 +122,7 @@ def test_alerts_of_pools_no_longer_owned_are_dropped_silently() -> None:
     book = AlertBook(CFG)
     book.reconcile([cond(pool="main"), cond("worker:s1", pool="small")], 0.0)
     book.due(10.0)
-    out = book.reconcile([cond(pool="main")], 20.0, owned=lambda pool: pool == "main")
+    out = book.reconcile([cond(pool="main")], 20.0, owned=lambda pool: pool == "main").records
     assert out == []  # no resolution for what another instance now owns
     assert [a.scope for a in book.active()] == ["worker:w1"]
     assert book.due(100.0) == []
@@ -129,7 +133,7 @@ def test_resolved_alerts_are_forgotten_after_a_day() -> None:
     book.reconcile([cond()], 0.0)
     book.reconcile([], 1.0)
     book.reconcile([], 1.0 + 86_401)
-    (fresh,) = book.reconcile([cond()], 90_000.0)
+    (fresh,) = book.reconcile([cond()], 90_000.0).records
     assert (fresh.count, fresh.first_seen) == (1, 90_000.0)
 
 
@@ -174,7 +178,7 @@ def test_published_records_and_notifications_follow_the_rules(
             now = min(target, now + 5)
             record(book.due(now))
         conditions = [cond(SCOPES[i][1], SCOPES[i][0]) for i in sorted(active)]
-        for a in book.reconcile(conditions, now):
+        for a in book.reconcile(conditions, now).records:
             published[a.fingerprint].append(a)
         for c in conditions:
             held_since.setdefault(fingerprint(c.rule, c.scope), now)

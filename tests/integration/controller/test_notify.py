@@ -1,0 +1,144 @@
+"""Alert notifiers against real servers: an HTTP server for the webhooks (generic JSON
+and Slack's shape) and an SMTP server (aiosmtpd) for e-mail; retries, and a notifier
+that hangs delays nobody else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from email import message_from_bytes
+from email.message import Message
+
+import pytest
+from aiosmtpd.controller import Controller as SmtpServer
+from aiosmtpd.smtp import SMTP as SmtpProtocol
+from aiosmtpd.smtp import Envelope, Session
+from prometheus_client import REGISTRY
+
+from schemas import Evidence
+from services.controller.notify import Email, Notifiers, SmtpConfig, Webhook
+from services.controller.policy.alerts import AlertBook, AlertConfig, Condition, Notification
+from tests.integration.controller.conftest import Hook
+
+pytestmark = pytest.mark.integration
+
+
+def notification(n: int = 2) -> Notification:
+    book = AlertBook(AlertConfig(group_wait_s=0))
+    evidence = Evidence(
+        reason="error_rate above 0.3", metrics={"error_rate": 0.5}, thresholds={"error_rate": 0.3}
+    )
+    book.reconcile(
+        [
+            Condition("breaker_open", f"worker:w{i}", "main", "warning", f"w{i} open", evidence)
+            for i in range(n)
+        ],
+        100.0,
+    )
+    (note,) = book.due(100.0)
+    return note
+
+
+def count(notifier: str, outcome: str) -> float:
+    labels = {"notifier": notifier, "outcome": outcome}
+    return REGISTRY.get_sample_value("seawall_alert_notifications_total", labels) or 0.0
+
+
+async def test_the_json_webhook_gets_the_alert_records(hook: Hook) -> None:
+    notifiers = Notifiers([Webhook(hook.url, "json", timeout_s=2.0)])
+    notifiers.start()
+    try:
+        notifiers.submit([notification()])
+        await asyncio.wait_for(hook.arrived.wait(), 10)
+    finally:
+        await notifiers.stop()
+    (body,) = hook.bodies
+    assert (body["rule"], body["pool"], body["status"], body["severity"]) == (
+        "breaker_open",
+        "main",
+        "firing",
+        "warning",
+    )
+    alerts = body["alerts"]
+    assert isinstance(alerts, list)
+    assert [a["scope"] for a in alerts] == ["worker:w0", "worker:w1"]
+    assert alerts[0]["evidence"]["metrics"] == {"error_rate": 0.5}
+
+
+async def test_the_slack_webhook_gets_one_text_and_failures_are_retried(hook: Hook) -> None:
+    hook.fail_first = 2
+    before = (count("webhook-slack", "retried"), count("webhook-slack", "sent"))
+    notifiers = Notifiers([Webhook(hook.url, "slack", timeout_s=2.0)], retry_base_s=0.01)
+    notifiers.start()
+    try:
+        notifiers.submit([notification(25)])
+        await asyncio.wait_for(hook.arrived.wait(), 10)
+        for _ in range(500):  # the server answered; the notifier counts it on the reply
+            if count("webhook-slack", "sent") > before[1]:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await notifiers.stop()
+    (body,) = hook.bodies
+    text = body["text"]
+    assert isinstance(text, str)
+    lines = text.splitlines()
+    assert lines[0] == "[seawall] FIRING warning: breaker_open in pool main (25 scopes)"
+    assert lines[1] == "- w0 open (seen 1x)"
+    assert lines[-1] == "- and 5 more"
+    after = (count("webhook-slack", "retried"), count("webhook-slack", "sent"))
+    assert (after[0] - before[0], after[1] - before[1]) == (2, 1)
+
+
+class _Inbox:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.arrived = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+
+    async def handle_DATA(self, server: SmtpProtocol, session: Session, envelope: Envelope) -> str:
+        assert isinstance(envelope.content, bytes)
+        self.messages.append(message_from_bytes(envelope.content))
+        self.loop.call_soon_threadsafe(self.arrived.set)
+        return "250 OK"
+
+
+async def test_email_goes_out_while_a_hanging_webhook_waits(hook: Hook) -> None:
+    hook.hang = True  # until the test ends: it must not hold the e-mail back
+    inbox = _Inbox()
+    with socket.socket() as probe:  # aiosmtpd connects to its own port to check it is up
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = SmtpServer(inbox, hostname="127.0.0.1", port=port)
+    server.start()
+    try:
+        smtp = SmtpConfig("127.0.0.1", port, "seawall@example.org", ("ops@example.org",))
+        notifiers = Notifiers(
+            [Webhook(hook.url, "json", timeout_s=60.0), Email(smtp)], retry_base_s=0.01
+        )
+        notifiers.start()
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            notifiers.submit([notification()])
+            assert loop.time() - started < 0.05  # submit never waits on a notifier
+            await asyncio.wait_for(inbox.arrived.wait(), 10)
+        finally:
+            await notifiers.stop()
+    finally:
+        server.stop()
+    (mail,) = inbox.messages
+    assert mail["Subject"] == "[seawall] FIRING warning: breaker_open in pool main (2 scopes)"
+    assert mail["To"] == "ops@example.org"
+    body = mail.get_payload()
+    assert isinstance(body, str)
+    assert "worker:w0: error_rate above 0.3" in body
+    assert "error_rate = 0.5 (limit 0.3)" in body
+    assert hook.bodies == []
+
+
+def test_the_json_body_is_plain_json() -> None:
+    from services.controller.notify import as_json
+
+    assert json.loads(json.dumps(as_json(notification(1))))["alerts"][0]["count"] == 1
