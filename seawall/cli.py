@@ -90,6 +90,24 @@ def sim_serve(
 
 
 @app.command()
+def alerts(
+    all_: Annotated[
+        bool, typer.Option("--all", help="Also list the alerts that resolved.")
+    ] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing alerts until Ctrl-C.")
+    ] = False,
+) -> None:
+    """Show the controller's alerts as they fired and resolved, then those active."""
+    from rich.console import Console
+
+    from seawall.alerts import run_alerts
+    from services.common.settings import CommonSettings
+
+    raise typer.Exit(run_alerts(CommonSettings(), all_, follow, Console()))
+
+
+@app.command()
 def events(
     scope: Annotated[
         str | None, typer.Option(help="Only this scope; a glob such as 'worker:*' or 'pool:main'.")

@@ -14,7 +14,7 @@ import asyncio
 import fnmatch
 import time
 from datetime import UTC, datetime
-from typing import get_args
+from typing import Protocol, get_args
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
@@ -157,7 +157,8 @@ class EventView:
             return None
         return format_event(event) if self.matches(event) else None
 
-    def in_force(self, now: float) -> Table:
+    def summary(self, now: float) -> Table:
+        """The decisions in force."""
         events = sorted(
             (e for kind in _KIND_TYPES for e in self.state.all(kind) if self.matches(e)),
             key=lambda e: e.control_key,
@@ -178,8 +179,18 @@ class EventView:
         return table
 
 
-async def _tail(settings: CommonSettings, view: EventView, follow: bool, console: Console) -> int:
-    topic = topics_of(settings).control
+class TopicView(Protocol):
+    def feed(self, raw: bytes | None) -> str | None: ...
+
+    def summary(self, now: float) -> Table: ...
+
+
+async def tail(
+    settings: CommonSettings, topic: str, view: TopicView, follow: bool, console: Console
+) -> int:
+    """Feed ``view`` every record of ``topic`` from its start, print what it returns, and
+    its summary once caught up; with ``follow``, go on until interrupted. The exit status:
+    0 done, 1 no broker or no such topic."""
     consumer = make_consumer(settings, group_id=None)
     try:
         await consumer.start()
@@ -189,7 +200,7 @@ async def _tail(settings: CommonSettings, view: EventView, follow: bool, console
     try:
         if topic not in await consumer.topics():
             console.print(
-                f"[red]no control topic {escape(topic)}[/] on {escape(settings.kafka_bootstrap)} "
+                f"[red]no topic {escape(topic)}[/] on {escape(settings.kafka_bootstrap)} "
                 "(is the stack up? check SEAWALL_KAFKA_BOOTSTRAP and SEAWALL_TOPIC_PREFIX)"
             )
             return 1
@@ -208,7 +219,7 @@ async def _tail(settings: CommonSettings, view: EventView, follow: bool, console
             positions = [await consumer.position(tp) for tp in tps]
             if not caught_up and all(p >= end[tp] for p, tp in zip(positions, tps, strict=True)):
                 caught_up = True
-                console.print(view.in_force(time.time()))
+                console.print(view.summary(time.time()))
                 if not follow:
                     return 0
     finally:
@@ -225,6 +236,7 @@ def run_events(
         console.print(f"[red]unknown kind {escape(kind)!r}[/]; kinds: {', '.join(KINDS)}")
         return 2
     try:
-        return asyncio.run(_tail(settings, EventView(scope, kind), follow, console))
+        topic = topics_of(settings).control
+        return asyncio.run(tail(settings, topic, EventView(scope, kind), follow, console))
     except KeyboardInterrupt:
         return 0

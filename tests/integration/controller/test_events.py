@@ -93,4 +93,4 @@ async def test_filters_by_scope_and_kind(settings: CommonSettings, topics: Topic
 async def test_a_missing_control_topic_is_an_error(settings: CommonSettings) -> None:
     code, text = await tail(settings, None, None)
     assert code == 1
-    assert "no control topic" in text
+    assert f"no topic {settings.topic_prefix}llm.control" in text

@@ -86,7 +86,7 @@ def test_filters_by_scope_glob_and_kind() -> None:
     assert view.feed(encode(breaker(1))) is None
     assert view.feed(encode(breaker(2, scope="pool:main"))) is None
     assert view.feed(encode(limit(3, 16))) is not None
-    table = render(view.in_force(T0))
+    table = render(view.summary(T0))
     assert "batch_limit/worker:w1" in table
     assert "breaker/" not in table
 
@@ -102,8 +102,8 @@ def test_an_invalid_record_is_reported_and_skipped() -> None:
 def test_the_view_in_force_marks_expired_decisions() -> None:
     view = EventView()
     view.feed(encode(breaker(1)))
-    assert "expired" not in render(view.in_force(T0 + 10))
-    assert "expired" in render(view.in_force(T0 + 61))
+    assert "expired" not in render(view.summary(T0 + 10))
+    assert "expired" in render(view.summary(T0 + 61))
 
 
 @pytest.mark.parametrize(
