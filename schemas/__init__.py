@@ -6,6 +6,7 @@ One module per event family; each top-level message is a frozen pydantic model w
 """
 
 from schemas.alerts import Alert
+from schemas.arrivals import RegionArrivals
 from schemas.audit import AuditEvent
 from schemas.base import SCHEMA_VERSION, Message
 from schemas.control import (
@@ -74,6 +75,7 @@ TOP_LEVEL: tuple[type[Message], ...] = (
     AuditEvent,
     DeadLetter,
     Alert,
+    RegionArrivals,
 )
 
 __all__ = [
@@ -106,6 +108,7 @@ __all__ = [
     "QuotaOverride",
     "RateLimitInfo",
     "ReasonCode",
+    "RegionArrivals",
     "RegionThrottle",
     "ReplyChunk",
     "ReplyMessage",

@@ -16,6 +16,7 @@ from schemas import (
     DispatchedRequest,
     InferenceRequest,
     QuotaHint,
+    RegionArrivals,
     ReplyMessage,
     RequestCompleted,
     TelemetryEvent,
@@ -31,6 +32,7 @@ COMPLETION: TypeAdapter[RequestCompleted] = TypeAdapter(RequestCompleted)
 HINT: TypeAdapter[QuotaHint] = TypeAdapter(QuotaHint)
 CONTROL: TypeAdapter[ControlEvent] = TypeAdapter(ControlEvent)
 ALERT: TypeAdapter[Alert] = TypeAdapter(Alert)
+ARRIVALS: TypeAdapter[RegionArrivals] = TypeAdapter(RegionArrivals)
 
 
 def _ingress_kind(data: Any) -> str:

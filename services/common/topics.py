@@ -62,6 +62,11 @@ class Topics:
         return f"{self.prefix}llm.quota.hints"
 
     @property
+    def arrivals(self) -> str:
+        """Ingress's ``RegionArrivals``: requests per client region, for hotspots."""
+        return f"{self.prefix}llm.arrivals"
+
+    @property
     def alerts(self) -> str:
         """The controller's alerts (``schemas.alerts``), keyed by fingerprint."""
         return f"{self.prefix}llm.alerts"
@@ -101,6 +106,7 @@ class Topics:
             TopicSpec(self.completions, n, retention_ms=DAY_MS),
             TopicSpec(self.control, 1, "compact", retention_ms=-1),
             TopicSpec(self.quota_hints, 1, retention_ms=3600 * 1000),
+            TopicSpec(self.arrivals, 1, retention_ms=DAY_MS),
             TopicSpec(self.alerts, 1, retention_ms=30 * DAY_MS),
             TopicSpec(self.audit, 1, retention_ms=90 * DAY_MS),
             TopicSpec(self.deadletter, 1, retention_ms=30 * DAY_MS),

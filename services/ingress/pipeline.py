@@ -49,6 +49,7 @@ from services.common.signing import key_id_of
 from services.common.tokenizer import count_tokens
 from services.common.topics import RedisKeys, Topics
 from services.ingress import metrics as m
+from services.ingress.arrivals import ArrivalCounter
 from services.ingress.denials import DenialAudit, FailureLimiter
 from services.ingress.filters.body import check_body
 from services.ingress.filters.geo import RegionTable, parse_ip
@@ -197,6 +198,7 @@ class Gate:
         self._long_share = m.LongPromptShare(clock=clock)
         m.LONG_PROMPT_SHARE.set_function(self._long_share.reading)
         self.hints = QuotaHints(settings.quota_hint_tenants)
+        self.arrivals = ArrivalCounter(clock)
         """Fed by the service's hint follower (``llm.quota.hints``)."""
 
     # -- cheap filters -----------------------------------------------------------
@@ -319,6 +321,8 @@ class Gate:
         (``hints``): no hop, no Redis call."""
         s = self.settings
         now = self._clock.time()
+        region = self.region(request.client.client_ip)
+        self.arrivals.count(region)  # what arrives, refused or not (hotspot detection)
         hint = self.hints.covering(principal.tenant, now)
         if hint is not None:
             return over_quota(hint, now)
@@ -356,7 +360,7 @@ class Gate:
             priority=TIER_PRIORITY[principal.policy.tier],
             pool=pool,
             deadline_at=deadline,
-            client={**data["client"], "region": self.region(request.client.client_ip)},
+            client={**data["client"], "region": region},
         )
         redacted = [sc.text for sc in screenings]
         if redacted != texts:  # what the engine will read

@@ -33,6 +33,7 @@ from services.common.lifecycle import Component
 from services.common.redisclient import make_redis
 from services.common.replies import ReplyRouter
 from services.common.topics import RedisKeys
+from services.ingress.arrivals import ArrivalReporter
 from services.ingress.denials import DenialAudit, FailureLimiter
 from services.ingress.hint_feed import HintFeed
 from services.ingress.http import create_app
@@ -92,6 +93,9 @@ class IngressService(Component):
         replies = Replies(self._producer, self.topics, TopicDirectory(self._producer, clock=clock))
         self.kafka = KafkaIngress(settings, self.gate, replies, dead_letters, self.topics, clock)
         self.hint_feed = HintFeed(settings, self.topics.quota_hints, self.gate.hints, clock)
+        self.arrivals = ArrivalReporter(
+            self.gate.arrivals, self._producer, self.topics.arrivals, instance
+        )
         self.app = create_app(self.gate, self.router, self._ready, clock)
         self._server: _Server | None = None
         self._http: asyncio.Task[Any] | None = None
@@ -123,6 +127,8 @@ class IngressService(Component):
         self.spawn(self._watch(self.router), "watch:router")
         await self.hint_feed.start()
         self.spawn(self._watch(self.hint_feed), "watch:hints")
+        await self.arrivals.start()
+        self.spawn(self._watch(self.arrivals), "watch:arrivals")
         if s.kafka_ingress:
             await self.kafka.start()
             self.spawn(self._watch(self.kafka), "watch:kafka")
@@ -163,6 +169,7 @@ class IngressService(Component):
                 self._server.should_exit = True
                 await asyncio.wait({self._http}, timeout=self.settings.shutdown_grace_s + 5)
             await self.kafka.stop()
+            await self.arrivals.stop()
             await self.hint_feed.stop()
             await self.router.stop()
             await self.denials.stop()

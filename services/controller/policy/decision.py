@@ -25,6 +25,7 @@ class DecisionKind(StrEnum):
     DEGRADATION = "degradation"
     BATCH_LIMIT = "batch_limit"
     LONG_PROMPT_ALERT = "long_prompt_alert"
+    HOTSPOT = "hotspot"
 
 
 @dataclass(frozen=True)

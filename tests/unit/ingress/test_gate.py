@@ -184,3 +184,15 @@ async def test_the_long_prompt_share_gauge_decays_when_traffic_stops(parts: Part
     assert REGISTRY.get_sample_value("seawall_ingress_long_prompt_share") == 1.0
     parts.clock.advance(400.0)  # past the 300 s window, no prompt since
     assert REGISTRY.get_sample_value("seawall_ingress_long_prompt_share") == 0.0
+
+
+async def test_arrivals_are_counted_per_region_refused_or_not(parts: Parts) -> None:
+    eu = ClientMeta(client_ip="203.0.113.7")
+    await parts.gate.prepare(request(parts, client=eu), principal(parts))
+    await parts.gate.prepare(request(parts, client=eu, model="gpt-9"), principal(parts))
+    await parts.gate.prepare(request(parts), principal(parts))  # no known region: not counted
+    parts.clock.advance(2.0)
+    report = parts.gate.arrivals.take("i1")
+    assert report is not None
+    assert (report.instance, report.counts, report.window_s) == ("i1", {"eu-west": 2}, 2.0)
+    assert parts.gate.arrivals.take("i1") is None  # a new interval, nothing in it
