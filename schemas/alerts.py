@@ -21,7 +21,9 @@ from pydantic import Field
 from schemas.base import Ident, Message, Seconds, ShortText, Timestamp
 from schemas.control import Evidence
 
-AlertRule = Literal["breaker_open", "degradation", "heartbeat_lost", "long_prompt_share"]
+AlertRule = Literal[
+    "breaker_open", "degradation", "heartbeat_lost", "long_prompt_share", "hotspot_throttle"
+]
 Severity = Literal["info", "warning", "critical"]
 AlertStatus = Literal["firing", "resolved"]
 

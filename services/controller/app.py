@@ -68,6 +68,7 @@ from services.controller.engine import Output, PoolEngine, PoolRecord, WorkerRec
 from services.controller.notify import Email, Notifiers, Sender, SmtpConfig, Webhook
 from services.controller.outbox import Outbox
 from services.controller.policy.alerts import AlertBook, Reconciled
+from services.controller.regions import RegionGuard
 from services.controller.settings import ControllerSettings
 from services.controller.transport import App
 
@@ -81,6 +82,7 @@ controller deciding 459 records/s where it had decided 2,122.)"""
 R = TypeVar("R", PoolRecord, WorkerRecord)
 
 
+FLEET_KEY = "#fleet"
 KEY_SEPARATOR = b"#"
 """Between the pool and the worker in a worker record's key (never in an ``Ident``)."""
 _PARTITIONER = DefaultPartitioner()
@@ -221,6 +223,7 @@ class Controller(Component):
         self._pool_partitions: dict[str, int] = {}
         self._publisher: asyncio.Task[Any] | None = None
         self._alerts = AlertBook(settings.alert_config())
+        self.regions = RegionGuard(settings, self.owns_fleet, clock)
         self._notifiers = notifiers_of(settings)
 
     # -- lifecycle -------------------------------------------------------------
@@ -249,6 +252,8 @@ class Controller(Component):
             shutil.rmtree(self._datadir, ignore_errors=True)
         self._publisher = self.spawn(self._outbox.run(), "publish")
         self._notifiers.start()
+        await self.regions.start()
+        self.spawn(self._watch_regions(), "watch:regions")
         self._ticker = self.spawn(self._tick_loop(), "tick")
         log.info(
             "controller started",
@@ -261,6 +266,7 @@ class Controller(Component):
     async def on_stop(self) -> None:
         if self._ticker is not None:
             await cancel_tasks({self._ticker})
+        await self.regions.stop()
         try:
             await self._worker.stop()  # agents finish their record; offsets are committed
             if self._publisher is not None:
@@ -380,7 +386,11 @@ class Controller(Component):
             self._exporter.export(self.engines.values())
             now = self.clock.time()
             found = [c for engine in self.engines.values() for c in conditions(engine)]
-            alerts = self._alerts.reconcile(found, now, owned=lambda pool: pool in self.engines)
+            found += self.regions.conditions()
+            fleet = self.owns_fleet()
+            alerts = self._alerts.reconcile(
+                found, now, owned=lambda pool: pool in self.engines if pool else fleet
+            )
             notes = self._alerts.due(now)
         await self._send_alerts(alerts)
         self._notifiers.submit(notes)
@@ -415,9 +425,22 @@ class Controller(Component):
             self._pool_partitions[pool] = partition
         return partition
 
-    def _adopt_owned_pools(self, now: float) -> None:
+    def _owned_partitions(self) -> set[int]:
         topic = self._by_pool.get_topic_name()
-        owned = {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
+
+    def owns_fleet(self) -> bool:
+        """Whether this instance makes the fleet-wide decisions (hotspot throttles):
+        the one that owns the partition of the key ``#fleet`` (never a pool's name)."""
+        return self.ready and self._partition(FLEET_KEY) in self._owned_partitions()
+
+    async def _watch_regions(self) -> None:
+        """Fail with the region guard: the process exits and its supervisor restarts it."""
+        await self.regions.failed.wait()
+        raise RuntimeError("the region guard failed") from self.regions.failure
+
+    def _adopt_owned_pools(self, now: float) -> None:
+        owned = self._owned_partitions()
         for pool in [p for p in self.engines if self._partition(p) not in owned]:
             log.info("pool moved to another controller instance", extra={"pool": pool})
             del self.engines[pool]

@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, model_validator
 from services.common.settings import CommonSettings
 from services.controller.engine import EngineConfig, scaled_config
 from services.controller.policy.alerts import AlertConfig
+from services.controller.policy.hotspots import HotspotConfig
 
 
 class ControllerSettings(CommonSettings):
@@ -96,6 +97,10 @@ class ControllerSettings(CommonSettings):
         if self.alert_smtp_host and not self.alert_email_recipients:
             raise ValueError("SEAWALL_ALERT_SMTP_HOST needs SEAWALL_ALERT_EMAIL_TO")
         return self
+
+    def hotspot_config(self) -> HotspotConfig:
+        """Hotspot detection's windows and holds, on the policies' time scale."""
+        return HotspotConfig().scaled(self.controller_time_scale)
 
     def alert_config(self) -> AlertConfig:
         return AlertConfig(

@@ -81,9 +81,7 @@ class ArrivalReporter(Component):
             if report is None:
                 continue
             try:
-                await self._producer.send(
-                    self._topic, encode(report), key=self._instance.encode()
-                )
+                await self._producer.send(self._topic, encode(report), key=self._instance.encode())
             except Exception as e:
                 if not is_infrastructure(e):
                     raise
