@@ -29,7 +29,8 @@ Decision table (control state read per pool: the ``pool:<name>`` scope, else ``f
 
 Tiers: basic — strict bucket, over quota → rejected (``quota_exceeded``); pro —
 within baseline admitted, from the burst level admitted quota-degraded, beyond →
-rejected; enterprise — its own bucket, always dispatched to ``enterprise_pool``.
+rejected; enterprise — its own bucket, dispatched to the dedicated pool of the pool it
+asked for where there is one (``enterprise_pools``), else to that pool.
 
 Work-conserving quotas (the scavenger lane): quotas protect the fleet and the other
 tenants, not idle GPUs. An over-quota request of a scavenger tier waits in the lane of
@@ -75,7 +76,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 from urllib.parse import quote
@@ -130,7 +131,8 @@ class PolicyConfig:
     tiers: Mapping[Tier, TierConfig]
     pools: tuple[str, ...] = ("main", "small")
     small_pool: str = "small"
-    enterprise_pool: str = "main"
+    enterprise_pools: Mapping[str, str] = field(default_factory=dict)
+    """A pool → the enterprise tier's dedicated pool serving the same model."""
     max_tokens_cap: int = 512
     rate_limit_factor: float = 0.5
     breaker_retry_after_s: float = 5.0
@@ -347,7 +349,7 @@ class AdmissionPolicy:
     # -- routing -------------------------------------------------------------------
     def requested_pool(self, request: InferenceRequest) -> str:
         if request.tier is Tier.ENTERPRISE:
-            return self.config.enterprise_pool
+            return self.config.enterprise_pools.get(request.pool, request.pool)
         return request.pool
 
     def destination(self, pool: str, cls: Priority, control: ControlState) -> str:

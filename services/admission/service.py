@@ -219,7 +219,7 @@ class Admission(Component):
                 tiers=self.tiers,
                 pools=settings.pools,
                 small_pool=settings.small_pool,
-                enterprise_pool=settings.enterprise_pool,
+                enterprise_pools=settings.enterprise_pools,
                 max_tokens_cap=settings.max_tokens_cap,
                 rate_limit_factor=settings.rate_limit_factor,
                 breaker_retry_after_s=settings.breaker_retry_after_s,

@@ -6,11 +6,13 @@ either leaf by leaf (``SEAWALL_QUOTA_BASIC__REQUESTS__CAPACITY=5``) or as JSON
 default.
 
 Pools. ``small_pool`` is where degradation level 1 diverts non-VIP work when the
-controller's event names no pool. ``enterprise_pool`` is the enterprise tier's dedicated
-pool: every enterprise request goes there whatever pool it asked for. It defaults to
-``main`` because the default fleet has only ``main`` and ``small``; a fleet that gives
-enterprise tenants their own GPUs sets it to that pool (and lists it in
-``SEAWALL_POOLS``). Both must be among ``pools``.
+controller's event names no pool; it must be among ``pools``. ``enterprise_pools`` maps
+a pool to the enterprise tier's dedicated pool serving the same model
+(``SEAWALL_ENTERPRISE_POOLS='{"main": "main-dedicated"}'``): an enterprise request for
+``main`` goes there, one for a pool without a dedicated one stays where its model is
+served (an enterprise tenant never gets another model than it asked for). Empty by
+default: the default fleet has no dedicated pool (the enterprise tier still has its
+own quota bucket and the VIP class's floor).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class AdmissionSettings(CommonSettings):
     """How long a token reservation waits for its completion's correction."""
 
     small_pool: str = Field(default="small", pattern=r"^[A-Za-z0-9._-]+$")
-    enterprise_pool: str = Field(default="main", pattern=r"^[A-Za-z0-9._-]+$")
+    enterprise_pools: dict[str, str] = Field(default_factory=dict, max_length=64)
     max_tokens_cap: int = Field(default=512, ge=1, le=32_768)
     early_rejection: bool = False
     """Refuse at once (``overloaded`` / ``deadline_unreachable``, ``Retry-After``) a
@@ -164,9 +166,14 @@ class AdmissionSettings(CommonSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        for name in ("small_pool", "enterprise_pool"):
-            if getattr(self, name) not in self.pools:
-                raise ValueError(f"{name} {getattr(self, name)!r} is not one of pools {self.pools}")
+        if self.small_pool not in self.pools:
+            raise ValueError(f"small_pool {self.small_pool!r} is not one of pools {self.pools}")
+        for pool, dedicated in self.enterprise_pools.items():
+            if pool not in self.pools or dedicated not in self.pools:
+                raise ValueError(
+                    f"enterprise_pools maps {pool!r} to {dedicated!r}: both must be among "
+                    f"pools {self.pools}"
+                )
         for tier in Tier:
             self.tier_config(tier)  # the bucket model's own checks (basic has no burst, …)
         return self

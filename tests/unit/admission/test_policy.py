@@ -57,7 +57,7 @@ CONFIG = PolicyConfig(
     scavenger_tiers=frozenset({Tier.BASIC, Tier.PRO}),
     pools=("main", "small", "vip"),
     small_pool="small",
-    enterprise_pool="vip",
+    enterprise_pools={"main": "vip"},
     max_tokens_cap=100,
     rate_limit_factor=0.5,
     breaker_retry_after_s=7.0,
@@ -160,10 +160,18 @@ def test_screen_passes_a_plain_request_with_its_quota_charge() -> None:
     assert (counted.prompt_tokens, counted.tenant.tokens) == (40, 40 + 50)
 
 
-def test_enterprise_goes_to_its_dedicated_pool_whatever_it_asked_for() -> None:
-    got = policy().screen(request(tier=Tier.ENTERPRISE, pool="small"), Priority.VIP, control(), NOW)
-    assert isinstance(got, Screened)
-    assert got.pool == "vip"
+def test_enterprise_goes_to_the_dedicated_pool_of_the_model_it_asked_for() -> None:
+    dedicated = policy().screen(request(tier=Tier.ENTERPRISE), Priority.VIP, control(), NOW)
+    assert isinstance(dedicated, Screened)
+    assert dedicated.pool == "vip"  # main's dedicated pool, serving main's model
+    same_model = policy().screen(
+        request(tier=Tier.ENTERPRISE, pool="small"), Priority.VIP, control(), NOW
+    )
+    assert isinstance(same_model, Screened)
+    assert same_model.pool == "small"  # no dedicated pool for it: never another model
+    pro = policy().screen(request(), Priority.STANDARD, control(), NOW)
+    assert isinstance(pro, Screened)
+    assert pro.pool == "main"
 
 
 @pytest.mark.parametrize(
@@ -699,7 +707,8 @@ def test_every_decision_is_consistent(
         )
         return
     assert screened.pool in CONFIG.pools
-    assert screened.pool == ("vip" if req.tier is Tier.ENTERPRISE else req.pool)
+    dedicated = req.tier is Tier.ENTERPRISE and req.pool == "main"
+    assert screened.pool == ("vip" if dedicated else req.pool)
     got = p.release(req, cls, Accepted(screened.pool, cls, False, 1.0), ctl, NOW, cancelled)
     if isinstance(got, Reply):
         assert got.reply.reason in (

@@ -25,7 +25,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_defaults_are_the_bucket_models() -> None:
     s = AdmissionSettings(_env_file=None)
     assert s.tier_configs() == dict(DEFAULT_TIERS)
-    assert (s.small_pool, s.enterprise_pool) == ("small", "main")
+    assert (s.small_pool, s.enterprise_pools) == ("small", {})
 
 
 def test_one_leaf_overrides_keep_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,9 +58,9 @@ def test_one_leaf_overrides_keep_the_rest(monkeypatch: pytest.MonkeyPatch) -> No
             {
                 "SEAWALL_POOLS": "main",
                 "SEAWALL_SMALL_POOL": "main",
-                "SEAWALL_ENTERPRISE_POOL": "gold",
+                "SEAWALL_ENTERPRISE_POOLS": '{"main": "gold"}',
             },
-            "enterprise_pool",
+            "enterprise_pools",
         ),
     ],
 )
@@ -75,5 +75,5 @@ def test_inconsistent_settings_are_refused(
 
 def test_a_dedicated_enterprise_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SEAWALL_POOLS", "main,small,gold")
-    monkeypatch.setenv("SEAWALL_ENTERPRISE_POOL", "gold")
-    assert AdmissionSettings(_env_file=None).enterprise_pool == "gold"
+    monkeypatch.setenv("SEAWALL_ENTERPRISE_POOLS", '{"main": "gold"}')
+    assert AdmissionSettings(_env_file=None).enterprise_pools == {"main": "gold"}
