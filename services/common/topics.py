@@ -145,7 +145,12 @@ class RedisKeys:
         return f"{self.prefix}work:{{{tenant}}}:{request_id}"
 
     def session(self, session_id: str) -> str:
-        return f"{self.prefix}session:{session_id}"
+        """A WebSocket session's record (tenant, when it started, replies pending)."""
+        return f"{self.prefix}session:{{{session_id}}}"
+
+    def session_owed(self, session_id: str) -> str:
+        """The final frames a WebSocket session's socket was gone for, oldest first."""
+        return f"{self.prefix}session:{{{session_id}}}:owed"
 
     def reservation(self, tenant: str, request_id: str) -> str:
         """Tokens admission reserved for a request, until its completion corrects them."""

@@ -36,7 +36,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import HTTPConnection
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from schemas import ClientMeta, InferenceReply, InferenceRequest, ReplyChunk
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -58,11 +60,56 @@ TIMEOUT_HEADER = "x-seawall-timeout"
 SESSION_HEADER = "x-session-id"
 
 
+def source_of(conn: HTTPConnection, trusted_proxies: int) -> str:
+    """The client's address (past ``trusted_proxies``); empty when unknown."""
+    peer = conn.client.host if conn.client else None
+    address = client_address(conn.headers.getlist("x-forwarded-for"), peer, trusted_proxies)
+    return str(address.ip) if address.ip is not None else ""
+
+
 @dataclass(frozen=True, slots=True)
-class _Admitted:
+class Admitted:
     request: InferenceRequest
     principal: Principal
     shape: oai.Shape
+
+
+async def admit_body(
+    gate: Gate,
+    parsed: oai.Body,
+    principal: Principal,
+    *,
+    request_id: str,
+    reply_to: str,
+    timeout_s: float | None,
+    session_id: str | None,
+    client: ClientMeta,
+    clock: Clock,
+) -> Admitted | Refusal:
+    """A parsed body of an authenticated client, as it goes onto its priority topic
+    (``Gate.prepare``), with the shape of its answers; or why it may not. HTTP and
+    WebSocket requests take this one path."""
+    model = parsed.model or next(iter(gate.settings.models))
+    now = clock.time()
+    draft = oai.to_request(
+        parsed,
+        request_id=request_id,
+        tenant=principal.tenant,
+        model=model,
+        reply_to=reply_to,
+        created_at=now,
+        timeout_s=timeout_s,
+        session_id=session_id,
+        client=client,
+    )
+    if isinstance(draft, Refusal):
+        return draft
+    prepared = await gate.prepare(draft, principal)
+    if isinstance(prepared, Refusal):
+        return prepared
+    include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+    shape = oai.Shape(isinstance(parsed, oai.ChatBody), request_id, model, int(now), include_usage)
+    return Admitted(prepared, principal, shape)
 
 
 class _SseResponse(StreamingResponse):
@@ -86,7 +133,7 @@ class _SseResponse(StreamingResponse):
                 await self._on_close()
 
 
-def _bearer(authorization: str | None) -> str | None:
+def bearer(authorization: str | None) -> str | None:
     if not authorization:
         return None
     scheme, _, credentials = authorization.partition(" ")
@@ -116,11 +163,15 @@ def create_app(
     router: ReplyRouter,
     ready: Callable[[], bool],
     clock: Clock = SYSTEM_CLOCK,
+    websocket: Callable[[WebSocket], Awaitable[None]] | None = None,
 ) -> FastAPI:
     """The app; ``gate`` and ``router`` are started and stopped by their owner (the
-    ingress service), ``ready`` says whether they are up (``/health``)."""
+    ingress service), ``ready`` says whether they are up (``/health``); ``websocket``
+    serves ``/v1/ws`` (``services.ingress.websocket``)."""
     settings = gate.settings
     app = FastAPI(title="seawall ingress", docs_url=None, redoc_url=None, openapi_url=None)
+    if websocket is not None:
+        app.add_api_websocket_route("/v1/ws", websocket)
 
     def error_response(
         endpoint: str, error: oai.ApiError, headers: dict[str, str] | None = None
@@ -174,7 +225,9 @@ def create_app(
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         principal = await gate.authenticate(
-            _bearer(request.headers.get("authorization")), action="read", source=source_of(request)
+            bearer(request.headers.get("authorization")),
+            action="read",
+            source=source_of(request, settings.trusted_proxies),
         )
         if isinstance(principal, Refusal):
             return refused("models", principal, {})
@@ -190,14 +243,6 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await infer(request, chat=False)
-
-    def source_of(request: Request) -> str:
-        """The client's address (past ``trusted_proxies``); empty when unknown."""
-        peer = request.client.host if request.client else None
-        address = client_address(
-            request.headers.getlist("x-forwarded-for"), peer, settings.trusted_proxies
-        )
-        return str(address.ip) if address.ip is not None else ""
 
     # -- admission to the bus ------------------------------------------------------
     async def read_body(request: Request) -> bytes | Refusal:
@@ -215,7 +260,7 @@ def create_app(
                 return too_large
         return bytes(body)
 
-    async def admit(request: Request, chat: bool, request_id: str) -> _Admitted | Refusal:
+    async def admit(request: Request, chat: bool, request_id: str) -> Admitted | Refusal:
         body = await read_body(request)
         if isinstance(body, Refusal):
             return body
@@ -223,9 +268,9 @@ def create_app(
         refusal = gate.check_user_agent(user_agent)
         if refusal is not None:
             return refusal
-        source = source_of(request)
+        source = source_of(request, settings.trusted_proxies)
         principal = await gate.authenticate(
-            _bearer(request.headers.get("authorization")), source=source
+            bearer(request.headers.get("authorization")), source=source
         )
         if isinstance(principal, Refusal):
             return principal
@@ -237,30 +282,17 @@ def create_app(
         timeout = _timeout_header(request.headers.get(TIMEOUT_HEADER))
         if isinstance(timeout, Refusal):
             return timeout
-        model = parsed.model or next(iter(settings.models))
-        now = clock.time()
-        draft = oai.to_request(
+        return await admit_body(
+            gate,
             parsed,
+            principal,
             request_id=request_id,
-            tenant=principal.tenant,
-            model=model,
             reply_to=router.topic,
-            created_at=now,
             timeout_s=timeout,
             session_id=request.headers.get(SESSION_HEADER) or parsed.user,
-            client=ClientMeta(
-                user_agent=(user_agent or "")[:512],
-                client_ip=source,
-            ),
+            client=ClientMeta(user_agent=(user_agent or "")[:512], client_ip=source),
+            clock=clock,
         )
-        if isinstance(draft, Refusal):
-            return draft
-        prepared = await gate.prepare(draft, principal)
-        if isinstance(prepared, Refusal):
-            return prepared
-        include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-        shape = oai.Shape(chat, request_id, model, int(now), include_usage)
-        return _Admitted(prepared, principal, shape)
 
     async def infer(request: Request, *, chat: bool) -> Response:
         endpoint = "chat" if chat else "completions"
@@ -278,7 +310,7 @@ def create_app(
             router.unregister(request_id)
             raise
         m.REQUESTS.labels("http", "published").inc()
-        waiter = _Waiter(gate, router, stream, req, clock)
+        waiter = Waiter(gate, router, stream, req, clock)
         handed_over = False
         try:
             if not req.stream:
@@ -295,7 +327,7 @@ def create_app(
     async def first_reply(
         endpoint: str,
         request: Request,
-        waiter: _Waiter,
+        waiter: Waiter,
         reply: Awaitable[ReplyItem],
         headers: dict[str, str],
     ) -> ReplyItem | Response:
@@ -312,7 +344,7 @@ def create_app(
             m.HTTP_RESPONSES.labels(endpoint, "499").inc()
             return Response(status_code=499)  # nobody is listening
         if isinstance(item, TimeoutError):
-            return error_response(endpoint, _deadline_error(), headers)
+            return error_response(endpoint, deadline_error(), headers)
         if isinstance(item, InferenceReply):
             error = oai.error_for_reply(item, settings.retry_after_s)
             if error is not None:
@@ -320,7 +352,7 @@ def create_app(
         return item
 
     async def json_reply(
-        endpoint: str, request: Request, waiter: _Waiter, shape: oai.Shape, headers: dict[str, str]
+        endpoint: str, request: Request, waiter: Waiter, shape: oai.Shape, headers: dict[str, str]
     ) -> Response:
         reply = await first_reply(endpoint, request, waiter, waiter.stream.result(), headers)
         if isinstance(reply, Response):
@@ -330,7 +362,7 @@ def create_app(
         return JSONResponse(shape.response(reply), headers=headers | oai.success_headers(reply))
 
     async def stream_reply(
-        endpoint: str, request: Request, waiter: _Waiter, shape: oai.Shape, headers: dict[str, str]
+        endpoint: str, request: Request, waiter: Waiter, shape: oai.Shape, headers: dict[str, str]
     ) -> Response:
         first = await first_reply(endpoint, request, waiter, waiter.stream.next(), headers)
         if isinstance(first, Response):
@@ -341,7 +373,7 @@ def create_app(
         headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return _SseResponse(events(waiter, shape, first), headers, waiter.close)
 
-    async def events(waiter: _Waiter, shape: oai.Shape, first: ReplyItem) -> AsyncIterator[str]:
+    async def events(waiter: Waiter, shape: oai.Shape, first: ReplyItem) -> AsyncIterator[str]:
         opening = shape.opening_chunk()
         if opening is not None:
             yield oai.sse(opening)
@@ -349,7 +381,7 @@ def create_app(
         item: ReplyItem | TimeoutError = first
         while True:
             if isinstance(item, TimeoutError):
-                yield oai.sse(_deadline_error().body())
+                yield oai.sse(deadline_error().body())
                 break
             if isinstance(item, ReplyChunk):
                 sent.append(item.text)
@@ -378,11 +410,11 @@ def create_app(
     return app
 
 
-def _deadline_error() -> oai.ApiError:
+def deadline_error() -> oai.ApiError:
     return oai.ApiError(504, "deadline_exceeded", "No answer came before the request's deadline.")
 
 
-class _Waiter:
+class Waiter:
     """One published request's wait for its replies, bounded by its deadline (plus
     the margin); sets the abort marker if it ends before the terminal reply."""
 

@@ -41,6 +41,7 @@ from services.ingress.kafka_ingress import KafkaIngress
 from services.ingress.keystore import AuditLog, KeyStore
 from services.ingress.pipeline import Gate
 from services.ingress.settings import IngressSettings, safe_name
+from services.ingress.websocket import WebSocketSessions
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,10 @@ class IngressService(Component):
         self.arrivals = ArrivalReporter(
             self.gate.arrivals, self._producer, self.topics.arrivals, instance
         )
-        self.app = create_app(self.gate, self.router, self._ready, clock)
+        self.websockets = WebSocketSessions(self.gate, self.router, self._redis, clock)
+        self.app = create_app(
+            self.gate, self.router, self._ready, clock, websocket=self.websockets.serve
+        )
         self._server: _Server | None = None
         self._http: asyncio.Task[Any] | None = None
         self._socket: socket.socket | None = None
@@ -141,6 +145,9 @@ class IngressService(Component):
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=math.ceil(s.shutdown_grace_s),
+            ws_ping_interval=s.ws_ping_s,
+            ws_ping_timeout=s.ws_ping_s,
+            ws_max_size=s.max_body_bytes + 1024,  # a frame is one request body
         )
         server = self._server = _Server(config)
         http = self._http = self.spawn(server.serve(sockets=[self._socket]), "http")

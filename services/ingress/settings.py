@@ -77,6 +77,18 @@ class IngressSettings(CommonSettings):
     reply_margin_s: float = Field(default=2.0, ge=0, le=60)
     """How long past the deadline HTTP waits for the fleet's own ``expired`` reply
     before answering 504 itself."""
+    # -- WebSocket sessions (``/v1/ws``, ``services.ingress.websocket``) -----------------
+    ws_ping_s: float = Field(default=30.0, gt=0, le=3600)
+    """Protocol pings this often (a client that does not answer within as long is gone)."""
+    ws_idle_timeout_s: float = Field(default=300.0, gt=0, le=86_400)
+    """A socket with nothing in flight that sends nothing this long is closed (4001)."""
+    ws_max_age_s: float = Field(default=3600.0, gt=0, le=86_400)
+    """A session ends this long after it started, however busy (4002); its owed replies
+    are kept as long."""
+    ws_max_in_flight: int = Field(default=16, ge=1, le=1024)
+    """Requests one socket may have in flight; more are refused (``too_many_in_flight``)."""
+    ws_poll_s: float = Field(default=0.5, gt=0, le=60)
+    """How often a resumed session looks for replies still owed to it."""
     max_output_tokens: int = Field(default=MAX_TOKENS_CEILING, ge=1, le=MAX_TOKENS_CEILING)
     """``max_tokens`` above this is refused (400), not silently lowered."""
     retry_after_s: float = Field(default=1.0, ge=0, le=3600)

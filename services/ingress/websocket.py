@@ -1,0 +1,396 @@
+"""WebSocket sessions at ``/v1/ws``: many chat completions over one socket, and replies
+that outlive the socket.
+
+Protocol (JSON text frames):
+
+- The upgrade request authenticates as HTTP does (``Authorization: Bearer <key>``,
+  the same user-agent and source checks). ``?session_id=<id>`` resumes a session of the
+  same tenant, on any ingress replica; without it a new session starts.
+- The server's first frame: ``{"type": "session", "session_id", "resumed", "ping_s",
+  "idle_timeout_s", "max_age_s", "max_in_flight"}``.
+- The client sends chat-completion bodies (``/v1/chat/completions``'s), each with an
+  optional ``"id"`` of its own (echoed on every frame of that request). Each goes
+  through the same path as over HTTP — filters, quotas, priority — and several may be
+  in flight at once (``ws_max_in_flight``; more are refused).
+- Per request the server sends ``{"type": "chunk", "id", "request_id", "text"}`` frames
+  as tokens come (when ``"stream": true``), then one final frame: ``{"type":
+  "response", "id", "request_id", "response": <chat.completion>}`` or ``{"type":
+  "error", "id", "request_id", "status", "error": {...}}`` (OpenAI's error body; the
+  status is the HTTP one it would have had).
+
+Close codes: 1000 the client closed; 1012 ingress is stopping (uvicorn's); 1008 the upgrade was
+refused (the reason in a preceding error frame); 4001 idle — nothing in flight and
+nothing received for ``ws_idle_timeout_s`` (300 s); 4002 the session reached
+``ws_max_age_s`` (3,600 s); 4004 no such session for this tenant. The server pings every
+``ws_ping_s`` (30 s, uvicorn's protocol pings); a client that does not answer is gone.
+
+Replies still owed. A request's wait does not end with its socket: it goes on until
+the request's deadline, and a final frame whose socket is gone is appended to the
+session's owed list in Redis (``RedisKeys.session_owed``, kept until the session's
+maximum age). A client reconnecting with its ``session_id`` — to this replica or any
+other — first receives those frames, oldest first, and, while the session still has
+requests pending anywhere, keeps receiving them as they come (polled every
+``ws_poll_s``). Chunks are not kept (the final frame carries the whole text). What a
+replica that dies was waiting for is lost with it, as over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+import redis.asyncio as aioredis
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from schemas import ClientMeta, InferenceReply, ReplyChunk
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.failures import is_infrastructure
+from services.common.replies import ReplyRouter, ReplyRouterClosed
+from services.common.topics import RedisKeys
+from services.ingress import openai as oai
+from services.ingress.http import Admitted, Waiter, admit_body, bearer, deadline_error, source_of
+from services.ingress.pipeline import Gate, Principal, Refusal
+
+log = logging.getLogger(__name__)
+
+CLOSE_REFUSED = 1008
+CLOSE_IDLE = 4001
+CLOSE_MAX_AGE = 4002
+CLOSE_UNKNOWN_SESSION = 4004
+MAX_CLIENT_ID = 128
+OWED_BATCH = 100
+
+
+def _error_frame(
+    client_id: str | None, request_id: str | None, error: oai.ApiError
+) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "id": client_id,
+        "request_id": request_id,
+        "status": error.status,
+        **error.body(),
+    }
+
+
+class _Socket:
+    """One connection: its sends serialised, its session, its requests in flight."""
+
+    def __init__(self, ws: WebSocket, session_id: str, principal: Principal) -> None:
+        self.ws = ws
+        self.session_id = session_id
+        self.principal = principal
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.open = True
+        self._lock = asyncio.Lock()
+
+    async def send(self, frame: dict[str, Any]) -> bool:
+        """Whether the frame went out (``False``: the socket is gone)."""
+        if not self.open:
+            return False
+        async with self._lock:
+            try:
+                await self.ws.send_text(json.dumps(frame))
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self.open = False
+                return False
+        return True
+
+
+class WebSocketSessions:
+    """The ``/v1/ws`` endpoint (see the module docstring)."""
+
+    def __init__(
+        self,
+        gate: Gate,
+        router: ReplyRouter,
+        redis: aioredis.Redis,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.settings = gate.settings
+        self._gate = gate
+        self._router = router
+        self._redis = redis
+        self._keys = RedisKeys(gate.settings.redis_prefix)
+        self._clock = clock
+
+    # -- the connection ----------------------------------------------------------
+    async def serve(self, ws: WebSocket) -> None:
+        principal = await self._authenticate(ws)
+        if principal is None:
+            return
+        session_id, resumed = await self._session(ws, principal)
+        if session_id is None:
+            return
+        socket = _Socket(ws, session_id, principal)
+        s = self.settings
+        await socket.send(
+            {
+                "type": "session",
+                "session_id": session_id,
+                "resumed": resumed,
+                "ping_s": s.ws_ping_s,
+                "idle_timeout_s": s.ws_idle_timeout_s,
+                "max_age_s": s.ws_max_age_s,
+                "max_in_flight": s.ws_max_in_flight,
+            }
+        )
+        poller = asyncio.create_task(self._deliver_owed(socket)) if resumed else None
+        try:
+            code = await self._receive(socket)
+            if code is not None:
+                with contextlib.suppress(RuntimeError, OSError):
+                    await ws.close(code)
+        finally:
+            socket.open = False
+            if poller is not None:
+                poller.cancel()
+            # The requests in flight go on until their deadlines: their finals are owed.
+            if socket.in_flight:
+                await asyncio.gather(*socket.in_flight, return_exceptions=True)
+
+    async def _authenticate(self, ws: WebSocket) -> Principal | None:
+        gate = self._gate
+        refusal = gate.check_user_agent(ws.headers.get("user-agent"))
+        principal = (
+            refusal
+            if refusal is not None
+            else await gate.authenticate(
+                bearer(ws.headers.get("authorization")),
+                source=source_of(ws, self.settings.trusted_proxies),
+            )
+        )
+        if isinstance(principal, Principal):
+            return principal
+        await ws.accept()
+        await ws.send_text(json.dumps(_error_frame(None, None, oai.error_for_refusal(principal))))
+        await ws.close(CLOSE_REFUSED)
+        return None
+
+    async def _session(self, ws: WebSocket, principal: Principal) -> tuple[str | None, bool]:
+        """The session's id and whether it was resumed; ``None`` when the asked-for one
+        is not this tenant's (or no longer exists): closed with 4004."""
+        wanted = ws.query_params.get("session_id")
+        await ws.accept()
+        if wanted:
+            tenant = await self._redis.hget(self._keys.session(wanted), "tenant")
+            if tenant not in (principal.tenant, principal.tenant.encode()):
+                await ws.close(CLOSE_UNKNOWN_SESSION)
+                return None, False
+            return wanted, True
+        session_id = uuid.uuid4().hex
+        key = self._keys.session(session_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping={"tenant": principal.tenant, "started_at": self._clock.time()})
+            pipe.pexpire(key, int(self.settings.ws_max_age_s * 1000))
+            await pipe.execute()
+        return session_id, False
+
+    async def _receive(self, socket: _Socket) -> int | None:
+        """Read requests until the client leaves (``None``) or a timeout closes the
+        socket (its close code)."""
+        s = self.settings
+        started = await self._started_at(socket.session_id)
+        idle_since = time.monotonic()
+        while True:
+            age_left = started + s.ws_max_age_s - self._clock.time()
+            if age_left <= 0:
+                return CLOSE_MAX_AGE
+            wait_s = age_left
+            if not socket.in_flight:
+                idle_left = idle_since + s.ws_idle_timeout_s - time.monotonic()
+                if idle_left <= 0:
+                    return CLOSE_IDLE
+                wait_s = min(wait_s, idle_left)
+            try:
+                text = await asyncio.wait_for(socket.ws.receive_text(), timeout=min(wait_s, 1.0))
+            except TimeoutError:
+                if socket.in_flight:
+                    idle_since = time.monotonic()  # a request in flight is not idleness
+                continue
+            except (WebSocketDisconnect, RuntimeError):
+                return None
+            except KeyError:  # a binary frame
+                text = ""
+            idle_since = time.monotonic()
+            self._accept(socket, text)
+
+    def _accept(self, socket: _Socket, text: str) -> None:
+        """Parse one client frame and start its request (or answer why not)."""
+        client_id: str | None = None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("id"), str):
+            client_id = data.pop("id")[:MAX_CLIENT_ID]
+        if len(socket.in_flight) >= self.settings.ws_max_in_flight:
+            error = oai.ApiError(
+                429, "too_many_in_flight", "Too many requests in flight on this socket."
+            )
+            self._spawn(socket, socket.send(_error_frame(client_id, None, error)))
+            return
+        body = json.dumps(data).encode() if isinstance(data, dict) else text.encode()
+        self._spawn(socket, self._request(socket, client_id, body))
+
+    def _spawn(self, socket: _Socket, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        socket.in_flight.add(task)
+        task.add_done_callback(socket.in_flight.discard)
+
+    # -- one request -------------------------------------------------------------
+    async def _request(self, socket: _Socket, client_id: str | None, body: bytes) -> None:
+        request_id = uuid.uuid4().hex
+        try:
+            await self._run(socket, client_id, request_id, body)
+        except Exception as e:  # this request's failure: answered, the socket goes on
+            unavailable = is_infrastructure(e)
+            log.warning(
+                "a WebSocket request failed",
+                extra={"request_id": request_id, "error": type(e).__name__},
+            )
+            error = (
+                oai.ApiError(503, "unavailable", "The service is unavailable; retry later.")
+                if unavailable
+                else oai.ApiError(500, "internal_error", "The request failed.")
+            )
+            await socket.send(_error_frame(client_id, request_id, error))
+
+    async def _run(
+        self, socket: _Socket, client_id: str | None, request_id: str, body: bytes
+    ) -> None:
+        admitted = await self._admit(socket, body, request_id)
+        if isinstance(admitted, Refusal):
+            await socket.send(_error_frame(client_id, request_id, oai.error_for_refusal(admitted)))
+            return
+        req = admitted.request
+        stream = self._router.register(request_id)
+        try:
+            await (await self._gate.publish(req))
+        except BaseException:
+            self._router.unregister(request_id)
+            raise
+        await self._pending(socket.session_id, +1)
+        waiter = Waiter(self._gate, self._router, stream, req, self._clock)
+        try:
+            final = await self._answer(
+                socket, client_id, request_id, waiter, admitted.shape, req.stream
+            )
+        finally:
+            await waiter.close()
+        if not await socket.send(final):
+            await self._owe(socket.session_id, final)
+        else:
+            await self._pending(socket.session_id, -1)
+
+    async def _admit(self, socket: _Socket, body: bytes, request_id: str) -> Admitted | Refusal:
+        too_large = Gate.check_size(body, self.settings.max_body_bytes)
+        if too_large is not None:
+            return too_large
+        parsed = oai.parse_body(body, oai.ChatBody)
+        if isinstance(parsed, Refusal):
+            return parsed
+        ws = socket.ws
+        return await admit_body(
+            self._gate,
+            parsed,
+            socket.principal,
+            request_id=request_id,
+            reply_to=self._router.topic,
+            timeout_s=None,
+            session_id=parsed.user or socket.session_id,
+            client=ClientMeta(
+                user_agent=(ws.headers.get("user-agent") or "")[:512],
+                client_ip=source_of(ws, self.settings.trusted_proxies),
+            ),
+            clock=self._clock,
+        )
+
+    async def _answer(
+        self,
+        socket: _Socket,
+        client_id: str | None,
+        request_id: str,
+        waiter: Waiter,
+        shape: oai.Shape,
+        stream: bool,
+    ) -> dict[str, Any]:
+        """Chunks as they come, if the client asked to stream (while its socket is
+        there); the final frame."""
+        while True:
+            try:
+                item = await waiter.next()
+            except ReplyRouterClosed:
+                stopping = oai.ApiError(503, "shutting_down", "Ingress is stopping.")
+                return _error_frame(client_id, request_id, stopping)
+            if isinstance(item, TimeoutError):
+                return _error_frame(client_id, request_id, deadline_error())
+            if isinstance(item, ReplyChunk):
+                if stream:
+                    await socket.send(
+                        {
+                            "type": "chunk",
+                            "id": client_id,
+                            "request_id": request_id,
+                            "text": item.text,
+                        }
+                    )
+                continue
+            assert isinstance(item, InferenceReply)
+            error = oai.error_for_reply(item, self.settings.retry_after_s)
+            if error is not None:
+                return _error_frame(client_id, request_id, error)
+            return {
+                "type": "response",
+                "id": client_id,
+                "request_id": request_id,
+                "response": shape.response(item),
+            }
+
+    # -- the session in Redis ----------------------------------------------------
+    async def _started_at(self, session_id: str) -> float:
+        raw = await self._redis.hget(self._keys.session(session_id), "started_at")
+        return float(raw) if raw is not None else self._clock.time()
+
+    async def _pending(self, session_id: str, delta: int) -> None:
+        await self._redis.hincrby(self._keys.session(session_id), "pending", delta)
+
+    async def _owe(self, session_id: str, frame: dict[str, Any]) -> None:
+        """Keep a final frame for the session's next connection (as long as the session
+        lives; one that is gone keeps nothing)."""
+        key, owed = self._keys.session(session_id), self._keys.session_owed(session_id)
+        ttl_ms = await self._redis.pttl(key)
+        if ttl_ms <= 0:
+            return
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(owed, json.dumps(frame))
+            pipe.pexpire(owed, ttl_ms)
+            pipe.hincrby(key, "pending", -1)
+            await pipe.execute()
+
+    async def _deliver_owed(self, socket: _Socket) -> None:
+        """Send what the session is owed, then go on while requests are pending."""
+        key, owed = (
+            self._keys.session(socket.session_id),
+            self._keys.session_owed(socket.session_id),
+        )
+        while socket.open:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.lpop(owed, OWED_BATCH)
+                pipe.hget(key, "pending")
+                frames, pending = await pipe.execute()
+            frames = frames or []
+            for i, raw in enumerate(frames):
+                if not await socket.send(json.loads(raw)):
+                    # gone again: what was not sent goes back first in line, in order
+                    await self._redis.lpush(owed, *reversed(frames[i:]))
+                    return
+            if not frames and int(pending or 0) <= 0:
+                return
+            if not frames:
+                await asyncio.sleep(self.settings.ws_poll_s)

@@ -1,0 +1,168 @@
+"""WebSocket sessions (``/v1/ws``) against the running ingress, with a real WebSocket
+client (``websockets``): the test plays the downstream (admission and workers) on the
+real broker, so it decides when each reply comes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from services.ingress.service import IngressService
+from tests.integration.ingress.conftest import Downstream, Keys
+
+pytestmark = pytest.mark.integration
+
+
+def url(ingress: IngressService, session_id: str | None = None) -> str:
+    query = f"?session_id={session_id}" if session_id else ""
+    return f"ws://127.0.0.1:{ingress.port}/v1/ws{query}"
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def frame(ws: ClientConnection, timeout_s: float = 20) -> dict[str, Any]:
+    data = json.loads(await asyncio.wait_for(ws.recv(), timeout_s))
+    assert isinstance(data, dict)
+    return data
+
+
+def ask(client_id: str, text: str, stream: bool = False) -> str:
+    body = {"id": client_id, "messages": [{"role": "user", "content": text}], "stream": stream}
+    return json.dumps(body)
+
+
+async def test_two_requests_in_flight_on_one_socket_are_answered_each_by_its_id(
+    ingress: IngressService, keys: Keys, downstream: Downstream
+) -> None:
+    async with connect(url(ingress), additional_headers=auth(keys.pro)) as ws:
+        session = await frame(ws)
+        assert session["type"] == "session"
+        assert session["resumed"] is False
+        assert (session["idle_timeout_s"], session["max_age_s"], session["ping_s"]) == (
+            300.0,
+            3600.0,
+            30.0,
+        )
+        await ws.send(ask("a", "first question"))
+        await ws.send(ask("b", "second question", stream=True))
+        requests = {r.messages[0].content: r for _, _, r in await downstream.take(2)}  # type: ignore[index]
+        first, second = requests["first question"], requests["second question"]
+        assert first.tenant == second.tenant == "pro-co"  # the key's, as over HTTP
+        assert first.session_id == second.session_id == session["session_id"]
+        # the second is answered first, in two chunks; then the first
+        await downstream.answer(second, "Hello", " there")
+        await downstream.answer(first, "Fine")
+        frames = [await frame(ws) for _ in range(4)]
+    chunks = [f for f in frames if f["type"] == "chunk"]
+    assert [(c["id"], c["text"]) for c in chunks] == [("b", "Hello"), ("b", " there")]
+    responses = {f["id"]: f for f in frames if f["type"] == "response"}
+    assert responses["b"]["response"]["choices"][0]["message"]["content"] == "Hello there"
+    assert responses["a"]["response"]["choices"][0]["message"]["content"] == "Fine"
+    assert responses["a"]["request_id"] == first.request_id
+
+
+async def test_a_refused_request_is_an_error_frame_and_the_socket_goes_on(
+    ingress: IngressService, keys: Keys, downstream: Downstream
+) -> None:
+    async with connect(url(ingress), additional_headers=auth(keys.pro)) as ws:
+        await frame(ws)
+        await ws.send(json.dumps({"id": "x", "messages": [], "model": "gpt-9"}))
+        await ws.send("{not json")
+        bad_model, bad_json = await frame(ws), await frame(ws)
+        await ws.send(ask("ok", "still here?"))
+        ((_, _, request),) = await downstream.take(1)
+        await downstream.answer(request, "yes")
+        ok = await frame(ws)
+    assert (bad_model["type"], bad_model["id"], bad_model["status"]) == ("error", "x", 400)
+    assert bad_json["error"]["code"] == "invalid_json"
+    assert (ok["type"], ok["id"]) == ("response", "ok")
+
+
+async def test_a_bad_key_is_refused_with_1008(ingress: IngressService) -> None:
+    async with connect(url(ingress), additional_headers=auth("sk-nope")) as ws:
+        refusal = await frame(ws)
+        with pytest.raises(ConnectionClosed) as closed:
+            await frame(ws)
+    assert refusal["type"] == "error"
+    assert refusal["status"] == 401
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 1008
+
+
+@pytest.mark.parametrize("ingress", [{"ws_idle_timeout_s": 1.0}], indirect=True)
+async def test_an_idle_socket_is_closed_with_4001(ingress: IngressService, keys: Keys) -> None:
+    async with connect(url(ingress), additional_headers=auth(keys.pro)) as ws:
+        assert (await frame(ws))["idle_timeout_s"] == 1.0
+        with pytest.raises(ConnectionClosed) as closed:
+            await frame(ws, timeout_s=10)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4001
+
+
+async def busy(ws: ClientConnection) -> None:
+    """Send and read without pause, until the server closes the socket."""
+    while True:
+        await ws.send("{}")
+        await frame(ws, timeout_s=10)
+
+
+@pytest.mark.parametrize("ingress", [{"ws_max_age_s": 2.0}], indirect=True)
+async def test_a_session_ends_at_its_max_age_with_4002(ingress: IngressService, keys: Keys) -> None:
+    async with connect(url(ingress), additional_headers=auth(keys.pro)) as ws:
+        await frame(ws)
+        with pytest.raises(ConnectionClosed) as closed:
+            await busy(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4002
+
+
+async def test_a_reconnect_with_the_session_id_receives_the_reply_owed(
+    ingress: IngressService, keys: Keys, downstream: Downstream
+) -> None:
+    async with connect(url(ingress), additional_headers=auth(keys.enterprise)) as ws:
+        session_id = (await frame(ws))["session_id"]
+        await ws.send(ask("late", "answer me after I leave"))
+        ((_, _, request),) = await downstream.take(1)
+    # the client is gone; the reply comes now, and one more after the reconnect
+    await downstream.answer(request, "kept for you")
+    async with connect(url(ingress, session_id), additional_headers=auth(keys.enterprise)) as ws:
+        resumed = await frame(ws)
+        owed = await frame(ws)
+    assert (resumed["type"], resumed["session_id"], resumed["resumed"]) == (
+        "session",
+        session_id,
+        True,
+    )
+    assert (owed["type"], owed["id"], owed["request_id"]) == (
+        "response",
+        "late",
+        request.request_id,
+    )
+    assert owed["response"]["choices"][0]["message"]["content"] == "kept for you"
+    # another tenant cannot take over the session
+    async with connect(url(ingress, session_id), additional_headers=auth(keys.pro)) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            await frame(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4004
+
+
+async def test_a_reply_that_comes_after_the_reconnect_is_delivered_too(
+    ingress: IngressService, keys: Keys, downstream: Downstream
+) -> None:
+    async with connect(url(ingress), additional_headers=auth(keys.pro)) as ws:
+        session_id = (await frame(ws))["session_id"]
+        await ws.send(ask("slow", "take your time"))
+        ((_, _, request),) = await downstream.take(1)
+    async with connect(url(ingress, session_id), additional_headers=auth(keys.pro)) as ws:
+        assert (await frame(ws))["resumed"] is True
+        await downstream.answer(request, "done")  # reaches the old socket's wait, owed
+        owed = await frame(ws)
+    assert (owed["id"], owed["response"]["choices"][0]["message"]["content"]) == ("slow", "done")
