@@ -2,9 +2,10 @@
 ``llm.alerts`` keyed by ``fingerprint``.
 
 The controller raises an alert while a condition holds (a breaker open, the degradation
-ladder engaged, a worker's heartbeat lost, long prompts over their share) and resolves
-it when the condition is gone; the same condition always has the same ``fingerprint``,
-so readers keep the latest record per fingerprint. A firing alert is re-published every
+ladder engaged, a worker's heartbeat lost, long prompts over their share, a region
+throttled, a canary rolled back) and resolves it when the condition is gone; the same
+condition always has the same ``fingerprint``, so readers keep the latest record per
+fingerprint. A firing alert is re-published every
 ``valid_for_s / 2`` or so with a fresh ``last_seen``: a reader trusts it while
 ``last_seen + valid_for_s`` is ahead of its clock (a controller that stopped cannot
 leave an alert firing forever). Notifications (webhook, e-mail) are derived from these
@@ -22,7 +23,12 @@ from schemas.base import Ident, Message, Seconds, ShortText, Timestamp
 from schemas.control import Evidence
 
 AlertRule = Literal[
-    "breaker_open", "degradation", "heartbeat_lost", "long_prompt_share", "hotspot_throttle"
+    "breaker_open",
+    "degradation",
+    "heartbeat_lost",
+    "long_prompt_share",
+    "hotspot_throttle",
+    "canary_rollback",
 ]
 Severity = Literal["info", "warning", "critical"]
 AlertStatus = Literal["firing", "resolved"]

@@ -10,9 +10,10 @@ controller re-publishes the state in force periodically (level-triggered).
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Annotated, Literal
+from itertools import pairwise
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, model_validator
 
 from schemas.base import Fraction, Ident, Message, Seconds, ShortText, Timestamp, Wire
 
@@ -86,12 +87,83 @@ class BatchLimit(_Control):
     limit: int = Field(ge=1, le=1024)
 
 
+CanaryPhase = Literal["checking", "ramping", "promoted", "rolled_back", "aborted"]
+#: A canary version names a pool's release (``<pool>.canary-<version>``): no dot, so
+#: the pool it releases into can always be read back from the canary's pool name.
+Version = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+]
+
+
+def check_steps(steps: tuple[float, ...]) -> None:
+    """A canary's steps: increasing shares above 0, ending at 1 (all the traffic)."""
+    if not steps or any(s <= 0 for s in steps) or any(a >= b for a, b in pairwise(steps)):
+        raise ValueError(f"steps must be increasing shares above 0, got {steps}")
+    if steps[-1] != 1.0:
+        raise ValueError(f"the last step must be 1 (all of the pool's traffic), got {steps[-1]}")
+
+
+class CanaryRelease(_Control):
+    """An operator's canary command for a pool (``seawall canary``), scope ``pool:<pool>``.
+
+    ``start`` releases ``version``, whose workers serve the pool
+    ``<pool>.canary-<version>``: a check with no traffic (the canary's workers report
+    and their breaker is closed for ``check_s``), then each of ``steps`` (the canary's
+    share of the pool's traffic) for ``hold_s``, compared with the pool's own workers
+    all along; the controller rolls back when a bound is crossed. ``promote`` and
+    ``abort`` name the release they act on (``release``: the ``seq`` of its start) and
+    repeat its terms, so the latest command of the key always holds them."""
+
+    kind: Literal["canary"] = "canary"
+    pool: Ident
+    version: Version
+    action: Literal["start", "promote", "abort"]
+    release: int = Field(ge=0, le=2**62)
+    """The ``seq`` of the release's ``start`` command (for ``start``, its own)."""
+    steps: tuple[Fraction, ...] = Field(default=(0.05, 0.25, 0.5, 1.0), min_length=1, max_length=16)
+    hold_s: Seconds = 300.0
+    check_s: Seconds = 30.0
+    min_requests: int = Field(default=20, ge=1, le=1_000_000)
+    """Canary requests a step's last window needs before the step may pass (and before
+    the canary is judged at all: a handful of requests proves nothing)."""
+    max_error_rate_delta: Fraction = 0.02
+    """Rolled back when the canary's error rate exceeds the pool's by more than this."""
+    max_latency_ratio: float = Field(default=1.5, ge=1, le=100)
+    """... or its latency P99 exceeds the pool's by more than this factor ..."""
+    max_ttft_ratio: float = Field(default=1.5, ge=1, le=100)
+    """... or its mean time to first token does."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        check_steps(self.steps)
+        if self.action == "start" and self.release != self.seq:
+            raise ValueError("a start command is its own release (release == seq)")
+        return self
+
+
 class TrafficSplit(_Control):
-    """Canary weights of a pool's model versions; they sum to 1."""
+    """Where a pool's traffic goes while a canary release runs, scope ``pool:<pool>``:
+    a share per pool (the pool itself and its canary's pool), summing to 1. Admission
+    sends a request to a pool by a hash of its session (or, without one, its request
+    id), so a session stays on one side while the canary's share grows. The release's
+    phase and step travel along, so that whichever controller instance owns the pool
+    next resumes the release where it stood."""
 
     kind: Literal["traffic_split"] = "traffic_split"
     pool: Ident
     weights: dict[Ident, Fraction] = Field(min_length=1, max_length=16)
+    version: Version | None = None
+    release: int = Field(default=0, ge=0, le=2**62)
+    phase: CanaryPhase | None = None
+    step: int = Field(default=0, ge=0, le=16)
+    since: Timestamp | None = None
+    """When the phase (or, ramping, the step) began."""
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> Self:
+        if abs(sum(self.weights.values()) - 1.0) > 1e-6:
+            raise ValueError("the weights must sum to 1")
+        return self
 
 
 class RegionThrottle(_Control):
@@ -111,6 +183,12 @@ class QuotaOverride(_Control):
 
 
 ControlEvent = Annotated[
-    BreakerState | DegradationLevel | BatchLimit | TrafficSplit | RegionThrottle | QuotaOverride,
+    BreakerState
+    | DegradationLevel
+    | BatchLimit
+    | TrafficSplit
+    | CanaryRelease
+    | RegionThrottle
+    | QuotaOverride,
     Field(discriminator="kind"),
 ]

@@ -115,8 +115,8 @@ def events(
     kind: Annotated[
         str | None,
         typer.Option(
-            help="Only this kind: breaker, degradation, batch_limit, traffic_split, "
-            "region_throttle, quota_override."
+            help="Only this kind (or these, separated by commas): breaker, degradation, "
+            "batch_limit, traffic_split, canary, region_throttle, quota_override."
         ),
     ] = None,
     follow: Annotated[
@@ -295,6 +295,10 @@ quota_app = typer.Typer(no_args_is_help=True, add_completion=False)
 region_app = typer.Typer(no_args_is_help=True, add_completion=False)
 app.add_typer(quota_app, name="quota", help="Change a tenant's quota while the fleet runs.")
 app.add_typer(region_app, name="region", help="Throttle a client region while the fleet runs.")
+canary_app = typer.Typer(no_args_is_help=True, add_completion=False)
+app.add_typer(
+    canary_app, name="canary", help="Release a pool's new version step by step, or roll it back."
+)
 
 Reason = Annotated[str | None, typer.Option(help="Why (shown with the event).")]
 Ttl = Annotated[
@@ -416,6 +420,126 @@ def region_lift(
 def region_list() -> None:
     """The region throttles on the control topic, with who issued them and why."""
     events(scope="region:*", kind="region_throttle", follow=False)
+
+
+Pool = Annotated[str, typer.Option(help="The pool the version is released into.")]
+
+
+@canary_app.command("start")
+def canary_start(
+    pool: Pool,
+    version: Annotated[
+        str,
+        typer.Option(
+            help="The version; its workers run with SEAWALL_POOL=<pool> "
+            "SEAWALL_CANARY_VERSION=<version>."
+        ),
+    ],
+    steps: Annotated[
+        str, typer.Option(help="The canary's share at each step, in percent.")
+    ] = "5,25,50,100",
+    hold: Annotated[str, typer.Option(help="How long each step holds (300, 30s, 5m).")] = "5m",
+    check: Annotated[
+        str, typer.Option(help="How long its workers must report, with no traffic, first.")
+    ] = "30s",
+    min_requests: Annotated[
+        int, typer.Option(min=1, help="Canary requests a window needs to be judged.")
+    ] = 20,
+    max_error_delta: Annotated[
+        float, typer.Option(min=0, max=1, help="Error rate allowed above the pool's.")
+    ] = 0.02,
+    max_latency_ratio: Annotated[
+        float, typer.Option(min=1, help="Latency P99 allowed, as a multiple of the pool's.")
+    ] = 1.5,
+    max_ttft_ratio: Annotated[
+        float, typer.Option(min=1, help="Mean TTFT allowed, as a multiple of the pool's.")
+    ] = 1.5,
+    reason: Reason = None,
+) -> None:
+    """Start a canary release of a pool's new version.
+
+    Its workers are checked first (reporting, with no traffic), then its share widens
+    step by step while it stays within bounds of the pool's own workers; crossing one
+    rolls it back, with an alert.
+    """
+    import asyncio
+    import time
+
+    from aiokafka.errors import KafkaError
+
+    from seawall import steer
+    from services.common.settings import CommonSettings
+
+    def release(why: str, issuer: str, now: float) -> ControlEvent:
+        return steer.canary_start(
+            pool,
+            version,
+            steps=steer.percent_steps(steps),
+            hold_s=steer.duration_s(hold),
+            check_s=steer.duration_s(check),
+            min_requests=min_requests,
+            max_error_rate_delta=max_error_delta,
+            max_latency_ratio=max_latency_ratio,
+            max_ttft_ratio=max_ttft_ratio,
+            reason=why,
+            issuer=issuer,
+            now=now,
+        )
+
+    try:
+        release("", steer.operator(), time.time())  # terms checked before any topic exists
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    try:
+        asyncio.run(steer.create_canary_topic(CommonSettings(), pool, version))
+    except (OSError, TimeoutError, KafkaError) as e:
+        typer.echo(f"could not create the canary's dispatch topic: {e}", err=True)
+        raise typer.Exit(1) from None
+    _steer(release, reason, "canary started")
+
+
+def _canary_command(pool: str, action: str, reason: str | None) -> None:
+    import asyncio
+
+    from schemas import CanaryRelease
+    from seawall import steer
+    from services.common.settings import CommonSettings
+
+    state = asyncio.run(steer.read_control(CommonSettings()))
+    running = state.get(CanaryRelease, f"pool:{pool}")
+    if running is None:
+        typer.echo(f"no canary release of pool {pool} on the control topic", err=True)
+        raise typer.Exit(1)
+    _steer(
+        lambda why, issuer, now: steer.canary_command(
+            running, action, reason=why, issuer=issuer, now=now
+        ),
+        reason,
+        f"canary {action}",
+    )
+
+
+@canary_app.command("promote")
+def canary_promote(pool: Pool, reason: Reason = None) -> None:
+    """Give the canary all of the pool's traffic now, without the steps left."""
+    _canary_command(pool, "promote", reason)
+
+
+@canary_app.command("abort")
+def canary_abort(pool: Pool, reason: Reason = None) -> None:
+    """Send the pool's traffic back to its own workers (acknowledges a rollback too)."""
+    _canary_command(pool, "abort", reason)
+
+
+@canary_app.command("status")
+def canary_status(
+    pool: Annotated[str | None, typer.Option(help="Only this pool.")] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing changes until Ctrl-C.")
+    ] = False,
+) -> None:
+    """Each release's commands and steps, with their evidence, and where each stands."""
+    events(scope=f"pool:{pool or '*'}", kind="canary,traffic_split", follow=follow)
 
 
 def main() -> None:

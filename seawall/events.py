@@ -25,6 +25,7 @@ from rich.table import Table
 from schemas import (
     BatchLimit,
     BreakerState,
+    CanaryRelease,
     ControlEvent,
     DegradationLevel,
     Evidence,
@@ -77,7 +78,16 @@ def describe(event: ControlEvent) -> str:
         return f"limit {event.limit}"
     if isinstance(event, TrafficSplit):
         weights = " ".join(f"{v}={_number(w)}" for v, w in sorted(event.weights.items()))
-        return f"pool {event.pool}: {weights}"
+        if event.phase is None:
+            return f"pool {event.pool}: {weights}"
+        step = f" step {event.step + 1}" if event.phase == "ramping" else ""
+        return f"pool {event.pool}: canary {event.version} {event.phase}{step}, {weights}"
+    if isinstance(event, CanaryRelease):
+        steps = ",".join(_number(100 * s) for s in event.steps)
+        return (
+            f"pool {event.pool}: {event.action} canary {event.version} (release "
+            f"{event.release}, steps {steps} %, hold {_number(event.hold_s)} s)"
+        )
     if isinstance(event, RegionThrottle):
         if event.rate_per_s is None:
             return f"region {event.region}: lifted"
@@ -130,13 +140,14 @@ class EventView:
     """The tail's state, without I/O: feed it records, print what it returns."""
 
     def __init__(self, scope: str | None = None, kind: str | None = None) -> None:
+        """``kind``: one kind, or several separated by commas."""
         self.scope = scope
-        self.kind = kind
+        self.kinds = None if kind is None else frozenset(kind.split(","))
         self.state = ControlState(in_force_only=False)
         self.invalid = 0
 
     def matches(self, event: ControlEvent) -> bool:
-        if self.kind is not None and event.kind != self.kind:
+        if self.kinds is not None and event.kind not in self.kinds:
             return False
         return self.scope is None or fnmatch.fnmatchcase(event.scope, self.scope)
 
@@ -232,8 +243,9 @@ def run_events(
     """Print the control topic's decisions (``scope`` may be a glob such as
     ``worker:*``); the exit status: 0 done, 1 no broker or no control topic, 2 an
     unknown kind."""
-    if kind is not None and kind not in KINDS:
-        console.print(f"[red]unknown kind {escape(kind)!r}[/]; kinds: {', '.join(KINDS)}")
+    unknown = [k for k in (kind or "").split(",") if kind is not None and k not in KINDS]
+    if unknown:
+        console.print(f"[red]unknown kind {escape(unknown[0])!r}[/]; kinds: {', '.join(KINDS)}")
         return 2
     try:
         topic = topics_of(settings).control

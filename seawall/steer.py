@@ -1,4 +1,4 @@
-"""Operators steer at run time: live tenant quotas and region throttles (issue 16, item 2).
+"""Operators steer at run time: live tenant quotas, region throttles, canary releases.
 
 ``seawall quota set|clear`` and ``seawall region throttle|lift`` publish control events
 (``QuotaOverride``, ``RegionThrottle``) on the control topic, where every admission
@@ -9,6 +9,10 @@ An operator's decision is not re-published by anybody: it is valid for its ``--t
 (``valid_for_s`` and, for a quota, ``expires_at``; at most a day, the wire's bound),
 after which every consumer falls back to the tier's quota or no throttle. Clearing
 publishes, for the same key, an event without terms, which replaces the one in force.
+
+``seawall canary start|promote|abort`` publish a ``CanaryRelease`` for the controller,
+which runs the release and publishes the pool's ``TrafficSplit``; a release's command
+holds for a day (the wire's bound), so a release must end within it.
 
 ``seq`` is the hybrid clock the controller uses too (µs since the epoch, at least one
 more than ``--after``): a later command wins over an earlier one for the same key.
@@ -21,10 +25,14 @@ import getpass
 import re
 from typing import Any
 
-from schemas import ControlEvent, Evidence, QuotaOverride, RegionThrottle
-from services.common.bus import make_producer, topics_of
-from services.common.serde import encode
+from aiokafka import TopicPartition
+
+from schemas import CanaryRelease, ControlEvent, Evidence, QuotaOverride, RegionThrottle
+from services.common.bus import ensure_topics, make_consumer, make_producer, topics_of
+from services.common.control import ControlState
+from services.common.serde import CONTROL, DecodeError, decode, encode
 from services.common.settings import CommonSettings
+from services.common.topics import canary_pool
 
 MAX_TTL_S = 86_400.0
 DEFAULT_TTL_S = 3_600.0
@@ -111,6 +119,112 @@ def region_throttle(
     else:
         header = _header(scope, issuer, now, ttl_s, reason, rate_per_s=rate_per_s, ttl_s=ttl_s)
     return RegionThrottle(**header, region=region, rate_per_s=rate_per_s)
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration_s(text: str) -> float:
+    """``300``, ``30s``, ``5m`` or ``1h`` in seconds."""
+    value = text.strip().lower()
+    unit = _UNITS.get(value[-1:])
+    try:
+        seconds = float(value[:-1] if unit else value) * (unit or 1.0)
+    except ValueError:
+        raise ValueError(f"not a duration: {text!r} (e.g. 300, 30s, 5m, 1h)") from None
+    if not 0 <= seconds <= MAX_TTL_S:
+        raise ValueError(f"a duration must be in [0, {MAX_TTL_S:g}] seconds, got {text!r}")
+    return seconds
+
+
+def percent_steps(text: str) -> tuple[float, ...]:
+    """``5,25,50,100`` (percent of the pool's traffic) as shares."""
+    try:
+        return tuple(float(p) / 100.0 for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ValueError(f"steps are percents separated by commas, got {text!r}") from None
+
+
+def canary_start(
+    pool: str,
+    version: str,
+    *,
+    steps: tuple[float, ...],
+    hold_s: float,
+    check_s: float,
+    min_requests: int,
+    max_error_rate_delta: float,
+    max_latency_ratio: float,
+    max_ttft_ratio: float,
+    reason: str,
+    issuer: str,
+    now: float,
+) -> CanaryRelease:
+    """A release of ``version`` into ``pool``, which must end within its command's day."""
+    total_s = check_s + hold_s * len(steps)
+    if total_s > MAX_TTL_S * 0.9:
+        raise ValueError(
+            f"the release would take {total_s:g} s (check + a hold per step); it must end "
+            f"well within a day ({MAX_TTL_S:g} s)"
+        )
+    header = _header(f"pool:{pool}", issuer, now, MAX_TTL_S, reason)
+    return CanaryRelease(
+        **header,
+        pool=pool,
+        version=version,
+        action="start",
+        release=header["seq"],
+        steps=steps,
+        hold_s=hold_s,
+        check_s=check_s,
+        min_requests=min_requests,
+        max_error_rate_delta=max_error_rate_delta,
+        max_latency_ratio=max_latency_ratio,
+        max_ttft_ratio=max_ttft_ratio,
+    )
+
+
+def canary_command(
+    running: CanaryRelease, action: str, *, reason: str, issuer: str, now: float
+) -> CanaryRelease:
+    """``promote`` or ``abort`` for the release ``running`` is the latest command of."""
+    if action not in ("promote", "abort"):
+        raise ValueError(f"unknown action {action!r}")
+    header = _header(running.scope, issuer, now, MAX_TTL_S, reason)
+    return running.model_copy(update={**header, "action": action})
+
+
+async def read_control(settings: CommonSettings, timeout_s: float = 10.0) -> ControlState:
+    """The control topic's latest event per key, read from its start to its end now
+    (expired ones kept: ``in_force_only=False``)."""
+    state = ControlState(in_force_only=False)
+    topic = topics_of(settings).control
+    consumer = make_consumer(settings, group_id=None)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await consumer.start()
+            tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or {0}]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            end = await consumer.end_offsets(tps)
+            while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    for record in records:
+                        try:
+                            state.apply(decode(CONTROL, record.value))
+                        except DecodeError:
+                            continue  # admission dead-letters it; nothing to steer by
+    finally:
+        await consumer.stop()
+    return state
+
+
+async def create_canary_topic(settings: CommonSettings, pool: str, version: str) -> None:
+    """The canary pool's dispatch topic, before any split can send work to it (its
+    workers create it too; the broker's auto-creation is never relied on)."""
+    topics = topics_of(settings)
+    spec = topics.dispatch_spec(canary_pool(pool, version))
+    await ensure_topics(settings.kafka_bootstrap, [spec], settings.topic_replication)
 
 
 async def publish(settings: CommonSettings, event: ControlEvent, timeout_s: float = 10.0) -> None:

@@ -66,6 +66,13 @@ blocks the region; over it → rejected (``region_throttled``). Quota override
 ``tokens_per_s`` replace the baseline rates, ``burst`` the depth of the requests
 bucket; a 0 blocks the tenant.
 
+Canary split (``TrafficSplit`` of the requested pool, while a canary release runs):
+the pool's traffic is shared with its canary pool (``<pool>.canary-<version>``) by
+weight, before anything else is decided, so the canary pool's own breaker, ladder and
+capacity govern what it takes. A request's side follows a hash of its session (else
+its request id): a session stays on one side, and as the canary's share grows the
+sessions already on it stay there.
+
 Control events are trusted until replaced or until their ``valid_for_s`` runs out
 (``services.common.control``): a controller that falls silent leaves its decisions in
 force for at most that long, then every pool is back to the defaults above.
@@ -74,6 +81,7 @@ force for at most that long, then every pool is back to the defaults above.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -96,6 +104,7 @@ from schemas import (
     RegionThrottle,
     ReplyStatus,
     Tier,
+    TrafficSplit,
 )
 from services.admission.bucket import Limit, QuotaDecision, TierConfig
 from services.admission.cost import NO_COST, Cost
@@ -103,6 +112,7 @@ from services.admission.quota import QuotaRequest
 from services.admission.ttft import PoolForecast, predict
 from services.common.control import ControlState, isolates
 from services.common.tokenizer import count_tokens
+from services.common.topics import base_pool
 
 E = TypeVar("E", BreakerState, DegradationLevel)
 
@@ -292,6 +302,12 @@ def fits(sequence: int, pool: str, model_lens: Mapping[str, int]) -> bool:
     return limit is None or sequence <= limit
 
 
+def sticky_point(key: str) -> float:
+    """``key``'s place in [0, 1): the same on every replica and in every process."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest) / 2**64
+
+
 def _scoped(control: ControlState, kind: type[E], pool: str) -> E | None:
     """A pool's own decision, else the fleet-wide one."""
     return control.get(kind, f"pool:{pool}") or control.get(kind, "fleet")
@@ -351,6 +367,31 @@ class AdmissionPolicy:
         if request.tier is Tier.ENTERPRISE:
             return self.config.enterprise_pools.get(request.pool, request.pool)
         return request.pool
+
+    def split(self, pool: str, request: InferenceRequest, control: ControlState) -> str:
+        """The pool or canary pool that takes this request (see "Canary split")."""
+        event = control.get(TrafficSplit, f"pool:{pool}")
+        if event is None:
+            return pool
+        point = sticky_point(f"{pool}/{request.dispatch_key}")
+        share = 0.0
+        for target, weight in sorted(event.weights.items()):
+            if target == pool or base_pool(target) != pool:
+                continue  # only the pool's own canaries take its traffic
+            share += weight
+            if point < share:
+                return target
+        return pool
+
+    def pools(self, control: ControlState) -> tuple[str, ...]:
+        """The configured pools and the canary pools their splits send work to now."""
+        canaries = {
+            target
+            for event in control.all(TrafficSplit)
+            for target in event.weights
+            if target not in self.config.pools and base_pool(target) == event.pool
+        }
+        return (*self.config.pools, *sorted(canaries))
 
     def destination(self, pool: str, cls: Priority, control: ControlState) -> str:
         """Where the work of class ``cls`` for ``pool`` goes now (level 1 diverts)."""
@@ -437,6 +478,7 @@ class AdmissionPolicy:
                 now,
                 code="model_not_found",
             )
+        pool = self.split(pool, request, control)
         prompt = prompt_tokens(request)  # once: counting was a tenth of admission's work
         sequence = prompt + request.sampling.max_tokens
         if not fits(sequence, pool, model_lens):

@@ -240,7 +240,8 @@ class Admission(Component):
             )
         )
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
-        self._schedulers = {pool: PriorityScheduler() for pool in settings.pools}
+        self._schedulers: defaultdict[str, PriorityScheduler] = defaultdict(PriorityScheduler)
+        """Per pool: the configured ones, and canary pools as a split names them."""
         self._queues: defaultdict[tuple[Lane, str], deque[_Waiting]] = defaultdict(deque)
         self._buffered: Counter[Priority] = Counter()
         self._class_of = {self.topics.requests(p): p for p in Priority}
@@ -446,7 +447,7 @@ class Admission(Component):
         mono = self.clock.monotonic()
         lens = self.capacity.model_lens(mono)
         ahead = (
-            forecasts(self._queues, self.settings.pools, self.capacity, mono)
+            forecasts(self._queues, self._pools(), self.capacity, mono)
             if self.settings.early_rejection
             else NO_FORECASTS
         )
@@ -617,13 +618,20 @@ class Admission(Component):
         self._unbuffer(removed)
         return removed
 
+    def _pools(self) -> tuple[str, ...]:
+        """The pools dispatched to: configured, split to by a canary release, or still
+        holding queued work (a split that ended leaves its canary's queue to drain)."""
+        pools = self.policy.pools(self.control)
+        queued = {pool for (_, pool), dq in self._queues.items() if dq and pool not in pools}
+        return (*pools, *sorted(queued))
+
     def _pick(self, now: float) -> Round[_Waiting]:
         """The requests to release now (``dispatching.pick``): per destination pool,
         what its budget holds shared by the scheduler; every request of a pool whose
         breaker refuses (to be answered); the scavenger lane's to serve or shed."""
         chosen = pick(
             self._queues,
-            self.settings.pools,
+            self._pools(),
             self.policy,
             self.control,
             self.capacity,

@@ -13,6 +13,23 @@ from schemas.requests import Priority
 
 DAY_MS = 24 * 3600 * 1000
 
+CANARY_INFIX = ".canary-"
+"""A canary release's workers form a pool of their own, ``<pool>.canary-<version>``
+(``canary_pool``): its own dispatch topic, capacity, breakers and statistics, which the
+controller compares with the pool's."""
+
+
+def canary_pool(pool: str, version: str) -> str:
+    """The pool the workers of ``version``'s canary release of ``pool`` serve."""
+    return f"{pool}{CANARY_INFIX}{version}"
+
+
+def base_pool(pool: str) -> str:
+    """The pool a canary pool releases into (a version has no dot, so the last infix
+    is the one); any other pool is its own base."""
+    base, infix, version = pool.rpartition(CANARY_INFIX)
+    return base if infix and base and version and "." not in version else pool
+
 
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
@@ -41,6 +58,9 @@ class Topics:
 
     def dispatch(self, pool: str) -> str:
         return f"{self.prefix}llm.dispatch.{pool}"
+
+    def dispatch_spec(self, pool: str) -> TopicSpec:
+        return TopicSpec(self.dispatch(pool), self.partitions)
 
     @property
     def telemetry(self) -> str:
@@ -101,7 +121,7 @@ class Topics:
         shared = [
             TopicSpec(self.ingress, n),
             *(TopicSpec(self.requests(p), n) for p in Priority),
-            *(TopicSpec(self.dispatch(pool), n) for pool in self.pools),
+            *(self.dispatch_spec(pool) for pool in self.pools),
             TopicSpec(self.telemetry, n, retention_ms=DAY_MS),
             TopicSpec(self.completions, n, retention_ms=DAY_MS),
             TopicSpec(self.control, 1, "compact", retention_ms=-1),

@@ -58,12 +58,15 @@ from pydantic import ValidationError
 from schemas import ControlEvent, TelemetryEvent
 from services.common.bus import ensure_topics, make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.control import ControlFollower, ControlState
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.failures import is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks, wait_set
 from services.common.serde import TELEMETRY, DecodeError, decode, encode
+from services.common.topics import base_pool
 from services.controller import metrics as m
 from services.controller.alerting import conditions
+from services.controller.canaries import CanaryReleases
 from services.controller.engine import Output, PoolEngine, PoolRecord, WorkerRecord
 from services.controller.notify import Email, Notifiers, Sender, SmtpConfig, Webhook
 from services.controller.outbox import Outbox
@@ -122,8 +125,13 @@ def worker_key(pool: str, worker_id: str) -> bytes:
 
 def partition_by_pool(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
     """The faust producer's partitioner: a record's partition is its pool's, so the
-    internal topic and every record of a pool in the changelog share one partition."""
-    pool = None if key is None else key.partition(KEY_SEPARATOR)[0]
+    internal topic and every record of a pool in the changelog share one partition. A
+    canary's pool shares its base pool's, so one instance holds both arms of the
+    comparison."""
+    pool = None
+    if key is not None:
+        name = key.partition(KEY_SEPARATOR)[0].decode(errors="surrogateescape")
+        pool = base_pool(name).encode(errors="surrogateescape")
     partition: int = _PARTITIONER(pool, all_partitions, available)
     return partition
 
@@ -223,7 +231,16 @@ class Controller(Component):
         self._pool_partitions: dict[str, int] = {}
         self._publisher: asyncio.Task[Any] | None = None
         self._alerts = AlertBook(settings.alert_config())
-        self.regions = RegionGuard(settings, self.owns_fleet, clock)
+        self.control = ControlState(clock)
+        """The control topic as every instance reads it (operators' commands, the
+        decisions of every instance)."""
+        self._follower = ControlFollower(settings, self.topics.control, self.control)
+        self.regions = RegionGuard(settings, self.owns_fleet, self.control, clock)
+        self.canaries = CanaryReleases(
+            valid_for_s=settings.controller_valid_for_s,
+            republish_s=settings.controller_republish_s,
+            check_timeout_s=settings.controller_canary_check_timeout_s,
+        )
         self._notifiers = notifiers_of(settings)
 
     # -- lifecycle -------------------------------------------------------------
@@ -252,6 +269,7 @@ class Controller(Component):
             shutil.rmtree(self._datadir, ignore_errors=True)
         self._publisher = self.spawn(self._outbox.run(), "publish")
         self._notifiers.start()
+        await self._follower.start()
         await self.regions.start()
         self.spawn(self._watch_regions(), "watch:regions")
         self._ticker = self.spawn(self._tick_loop(), "tick")
@@ -267,6 +285,7 @@ class Controller(Component):
         if self._ticker is not None:
             await cancel_tasks({self._ticker})
         await self.regions.stop()
+        await self._follower.stop()
         try:
             await self._worker.stop()  # agents finish their record; offsets are committed
             if self._publisher is not None:
@@ -383,15 +402,18 @@ class Controller(Component):
             self._adopt_owned_pools(self.clock.time())
         await self._evaluate(list(self.engines), full=True)
         async with self._lock:
-            self._exporter.export(self.engines.values())
             now = self.clock.time()
+            splits = self.canaries.evaluate(self.control, self.engines, self.owns_pool, now)
+            self._exporter.export(self.engines.values())
             found = [c for engine in self.engines.values() for c in conditions(engine)]
             found += self.regions.conditions()
+            found += self.canaries.conditions()
             fleet = self.owns_fleet()
             alerts = self._alerts.reconcile(
                 found, now, owned=lambda pool: pool in self.engines if pool else fleet
             )
             notes = self._alerts.due(now)
+        await self._send(splits)
         await self._send_alerts(alerts)
         self._notifiers.submit(notes)
         m.TICK_SECONDS.set(time.monotonic() - started)
@@ -429,10 +451,14 @@ class Controller(Component):
         topic = self._by_pool.get_topic_name()
         return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
 
+    def owns_pool(self, pool: str) -> bool:
+        """Whether this instance decides for ``pool`` (and its canaries') now."""
+        return self.ready and self._partition(pool) in self._owned_partitions()
+
     def owns_fleet(self) -> bool:
         """Whether this instance makes the fleet-wide decisions (hotspot throttles):
         the one that owns the partition of the key ``#fleet`` (never a pool's name)."""
-        return self.ready and self._partition(FLEET_KEY) in self._owned_partitions()
+        return self.owns_pool(FLEET_KEY)
 
     async def _watch_regions(self) -> None:
         """Fail with the region guard: the process exits and its supervisor restarts it."""

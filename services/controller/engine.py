@@ -41,7 +41,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Annotated, TypeVar
+from typing import Annotated, TypeVar, cast
 
 from pydantic import Field
 
@@ -84,6 +84,7 @@ from services.controller.policy import (
 )
 from services.controller.policy import Evidence as PolicyEvidence
 from services.controller.policy.breaker import HEARTBEAT, LATENCY_ROW
+from services.controller.policy.canary import Arm
 from services.controller.policy.prompts import LongPromptAlert
 
 MAX_SECONDS = 86_400.0
@@ -94,6 +95,7 @@ REQUEST_BUCKETS = 30
 GAUGE_BUCKETS = 10
 
 K = TypeVar("K", bound=str)
+E = TypeVar("E", bound=ControlEvent)
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,19 @@ def wire_evidence(evidence: PolicyEvidence, previous: str | None) -> Evidence:
     )
 
 
+def republished(event: E, now: float, seq: int, valid_for_s: float) -> E:
+    """A decision still in force, published again: valid ``valid_for_s`` from now, with
+    its ``issued_at`` kept (readers see since when it holds) until that would take
+    ``valid_for_s`` past the wire's bound (a day), when it is issued afresh."""
+    age = max(0.0, now - event.issued_at)
+    update: dict[str, float | int] = {"seq": seq}
+    if age + valid_for_s <= MAX_SECONDS:
+        update["valid_for_s"] = age + valid_for_s
+    else:
+        update.update(issued_at=now, valid_for_s=valid_for_s)
+    return cast(E, event.model_copy(update=update))
+
+
 def describe_breaker(status: BreakerStatus) -> str:
     if status.circuit is Circuit.CLOSED:
         return "closed"
@@ -521,6 +536,20 @@ class PoolEngine:
     def degradation(self) -> DegradationStatus:
         return self._ladder.status
 
+    def arm(self, now: float, window_s: float) -> Arm:
+        """The pool as one arm of a canary comparison: its finished requests over the
+        last ``window_s`` (at most the request window), its workers still reporting,
+        and whether its breaker is open."""
+        stats = self._requests.stats(now, min(window_s, self._requests.size_s))
+        return Arm(
+            requests=stats.count,
+            errors=stats.errors,
+            p99_ms=stats.p99_ms,
+            ttft_ms=stats.ttft_mean_ms,
+            workers=sum(1 for w in self._workers.values() if w.lost_since is None),
+            breaker_open=self._breaker.status.circuit is Circuit.OPEN,
+        )
+
     def batch_limits(self) -> dict[str, tuple[int, float | None]]:
         """Per worker id: the limit in force and the latency EWMA behind it."""
         return {
@@ -577,7 +606,9 @@ class PoolEngine:
         latencies = ddsketch_of(summary.latency)
         self._long_prompts.record(now, summary.count, summary.long_prompts)
         worker.requests.record_many(now, latencies, summary.errors)
-        self._requests.record_many(now, latencies, summary.errors)
+        self._requests.record_many(
+            now, latencies, summary.errors, summary.ttft_count, summary.ttft_sum_ms
+        )
         if worker.batch is not None:
             decision = worker.batch.observe(now, samples_of(summary))
             if decision is not None:
@@ -729,13 +760,7 @@ class PoolEngine:
         self._dirty.add(event.scope)
 
     def _republish(self, event: ControlEvent, now: float) -> ControlEvent:
-        age = max(0.0, now - event.issued_at)
-        update: dict[str, float | int] = {"seq": self._next_seq(now)}
-        if age + self.config.valid_for_s <= MAX_SECONDS:
-            update["valid_for_s"] = age + self.config.valid_for_s
-        else:  # in force for a day: issue it afresh, the wire bounds valid_for_s
-            update.update(issued_at=now, valid_for_s=self.config.valid_for_s)
-        again = event.model_copy(update=update)
+        again = republished(event, now, self._next_seq(now), self.config.valid_for_s)
         self._in_force[event.control_key] = again
         return again
 

@@ -2,14 +2,14 @@
 shell of ``policy.hotspots``).
 
 Every controller instance tails ``llm.arrivals`` (every ingress's counts per region,
-groupless from the end) into its ``HotspotDetector`` and follows the control topic to
-know whether the fleet is hurt (a pool's breaker acting or its degradation ladder
-engaged, whichever instance decided it). Each tick it evaluates; only the instance that
-owns the fleet's partition (``owner``) publishes: a ``RegionThrottle`` with scope
-``hotspot:<region>`` when a region is throttled, re-published while it holds
-(level-triggered, like every controller decision), and one with no rate when it is
-lifted. The other instances keep their detectors warm, so the partition's next owner
-decides the same.
+groupless from the end) into its ``HotspotDetector`` and reads the control topic's
+state (the controller follows it) to know whether the fleet is hurt (a pool's breaker
+acting or its degradation ladder engaged, whichever instance decided it). Each tick it
+evaluates; only the instance that owns the fleet's partition (``owner``) publishes: a
+``RegionThrottle`` with scope ``hotspot:<region>`` when a region is throttled,
+re-published while it holds (level-triggered, like every controller decision), and one
+with no rate when it is lifted. The other instances keep their detectors warm, so the
+partition's next owner decides the same.
 
 Operators' throttles (``seawall region throttle``, scope ``region:<region>``) are other
 keys: admission applies the latest issued of those naming a region, so an operator's
@@ -26,11 +26,11 @@ from schemas import BreakerLevel, BreakerState, DegradationLevel, RegionThrottle
 from services.common.bus import make_consumer, make_producer, start_tail, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.consuming import ConsumerLoop, Record
-from services.common.control import ControlFollower, ControlState
+from services.common.control import ControlState
 from services.common.deadletters import failure_of
 from services.common.lifecycle import Component
 from services.common.serde import ARRIVALS, decode, encode
-from services.controller.engine import MAX_SECONDS, wire_evidence
+from services.controller.engine import republished, wire_evidence
 from services.controller.policy.alerts import Condition
 from services.controller.policy.decision import Decision
 from services.controller.policy.hotspots import HotspotDetector, Throttle
@@ -58,17 +58,18 @@ class RegionGuard(Component):
         self,
         settings: ControllerSettings,
         owner: Callable[[], bool],
+        control: ControlState,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``control``: the control topic's state, followed by the controller."""
         super().__init__()
         self.settings = settings
         self.detector = HotspotDetector(settings.hotspot_config())
-        self.control = ControlState(clock)
+        self.control = control
         self._owner = owner
         self._clock = clock
         self._topics = topics_of(settings)
         self._producer = make_producer(settings)
-        self._follower = ControlFollower(settings, self._topics.control, self.control)
         self._consumer = make_consumer(settings, group_id=None)
         self._tail: ConsumerLoop[None] = ConsumerLoop(
             self._consumer,
@@ -86,9 +87,7 @@ class RegionGuard(Component):
     # -- lifecycle ---------------------------------------------------------------
     async def on_start(self) -> None:
         await self._producer.start()
-        await asyncio.gather(
-            self._follower.start(), start_tail(self._consumer, self._topics.arrivals)
-        )
+        await start_tail(self._consumer, self._topics.arrivals)
         await self._tail.start()
         self.spawn(self._run(), "evaluate")
 
@@ -96,7 +95,6 @@ class RegionGuard(Component):
         try:
             await self._tail.stop()
             await self._consumer.stop()
-            await self._follower.stop()
         finally:
             await self._producer.stop()
 
@@ -177,13 +175,7 @@ class RegionGuard(Component):
         return event
 
     def _republish(self, event: RegionThrottle, now: float) -> RegionThrottle:
-        valid_for_s = self.settings.controller_valid_for_s
-        update: dict[str, float | int] = {"seq": self._next_seq(now)}
-        if now - event.issued_at + valid_for_s <= MAX_SECONDS:
-            update["valid_for_s"] = now - event.issued_at + valid_for_s
-        else:  # in force for a day: issued afresh (the wire bounds valid_for_s)
-            update.update(issued_at=now, valid_for_s=valid_for_s)
-        again = event.model_copy(update=update)
+        again = republished(event, now, self._next_seq(now), self.settings.controller_valid_for_s)
         self._in_force[event.scope] = again
         return again
 

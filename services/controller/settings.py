@@ -38,6 +38,9 @@ class ControllerSettings(CommonSettings):
     controller_valid_for_s: float = Field(default=60.0, gt=0, le=86_400)
     """How long a consumer may trust a decision past its last re-publication."""
     controller_heartbeat_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    controller_canary_check_timeout_s: float = Field(default=120.0, gt=0, le=86_400)
+    """A canary release whose workers have not reported this long after its start is
+    rolled back (its check waits at least the release's ``check_s``)."""
     controller_forget_after_s: float = Field(default=600.0, gt=0, le=86_400)
     """A worker lost this long leaves the fleet: its decisions are no longer re-published
     (consumers drop them once ``valid_for_s`` has passed)."""

@@ -228,7 +228,10 @@ class Worker(Component):
             log.warning("risky engine setting", extra={"warning": str(warning)})
         self.batch_limit = min(self.batch_limit, limits.max_num_seqs)
         m.BATCH_LIMIT.set(self.batch_limit)
-        await ensure_topics(self.settings.kafka_bootstrap, self.topics.specs())
+        specs = self.topics.specs()
+        if self.settings.pool not in self.topics.pools:  # a canary's, or one not configured
+            specs.append(self.topics.dispatch_spec(self.settings.pool))
+        await ensure_topics(self.settings.kafka_bootstrap, specs, self.settings.topic_replication)
         await self._producer.start()
         await self._follower.start()
         self._consumer = make_consumer(

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from services.common.settings import CommonSettings
+from services.common.topics import CANARY_INFIX, canary_pool
 
 
 class WorkerSettings(CommonSettings):
     pool: str = Field(default="main", pattern=r"^[A-Za-z0-9._-]+$")
+    """The pool served. With ``canary_version``, that version's canary pool of it."""
+    canary_version: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """This worker runs a canary release of its pool (``seawall canary``): it serves the
+    pool ``<pool>.canary-<version>``, which takes the share of the pool's traffic the
+    controller gives the release."""
     engine: Literal["sim", "vllm", "openai-http"] = "sim"
     batch_limit: int = Field(default=32, ge=1, le=1024)
     """Initial in-flight cap; then set by ``BatchLimit`` control events, never above the
@@ -68,3 +74,14 @@ class WorkerSettings(CommonSettings):
     # a separately running `vllm serve` (or `seawall sim-serve`)
     openai_base_url: str = "http://127.0.0.1:8000"
     openai_model: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canary(cls, data: object) -> object:
+        """A canary's worker serves its version's canary pool (``pool`` is resolved
+        here, once: the settings are frozen)."""
+        if isinstance(data, dict) and data.get("canary_version"):
+            pool = str(data.get("pool") or cls.model_fields["pool"].default)
+            if CANARY_INFIX not in pool:
+                data = {**data, "pool": canary_pool(pool, str(data["canary_version"]))}
+        return data

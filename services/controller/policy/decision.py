@@ -26,6 +26,7 @@ class DecisionKind(StrEnum):
     BATCH_LIMIT = "batch_limit"
     LONG_PROMPT_ALERT = "long_prompt_alert"
     HOTSPOT = "hotspot"
+    CANARY = "canary"
 
 
 @dataclass(frozen=True)

@@ -105,11 +105,15 @@ class _RequestBucket:
         self.latencies = DDSketch(relative_accuracy)
         self.count = 0
         self.errors = 0
+        self.ttft_count = 0
+        self.ttft_sum_ms = 0.0
 
     def merge(self, other: Self) -> None:
         self.latencies.merge(other.latencies)
         self.count += other.count
         self.errors += other.errors
+        self.ttft_count += other.ttft_count
+        self.ttft_sum_ms += other.ttft_sum_ms
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,8 @@ class RequestStats:
     errors: int
     p50_ms: float | None
     p99_ms: float | None
+    ttft_mean_ms: float | None = None
+    """Mean time to first token of the requests that had one (``None``: none had)."""
 
     @property
     def error_rate(self) -> float:
@@ -149,9 +155,17 @@ class RequestWindow(_Window[_RequestBucket]):
         bucket.count += 1
         bucket.errors += 0 if ok else 1
 
-    def record_many(self, now: float, latencies: BaseDDSketch, errors: int) -> None:
+    def record_many(
+        self,
+        now: float,
+        latencies: BaseDDSketch,
+        errors: int,
+        ttft_count: int = 0,
+        ttft_sum_ms: float = 0.0,
+    ) -> None:
         """Requests finished together (a worker's report interval): their latencies as
-        a sketch of this window's relative accuracy, and how many of them failed."""
+        a sketch of this window's relative accuracy, how many of them failed, and the
+        count and sum of their times to first token."""
         count = round(latencies.count)
         if not 0 <= errors <= count:
             raise ValueError(f"need 0 <= errors <= count, got {errors} of {count}")
@@ -159,6 +173,8 @@ class RequestWindow(_Window[_RequestBucket]):
         bucket.latencies.merge(latencies)
         bucket.count += count
         bucket.errors += errors
+        bucket.ttft_count += ttft_count
+        bucket.ttft_sum_ms += ttft_sum_ms
 
     def stats(self, now: float, window_s: float | None = None) -> RequestStats:
         total, window_s = self._fold(now, window_s)
@@ -168,6 +184,7 @@ class RequestWindow(_Window[_RequestBucket]):
             errors=total.errors,
             p50_ms=total.latencies.get_quantile_value(0.50),
             p99_ms=total.latencies.get_quantile_value(0.99),
+            ttft_mean_ms=total.ttft_sum_ms / total.ttft_count if total.ttft_count else None,
         )
 
 

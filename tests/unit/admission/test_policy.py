@@ -27,6 +27,7 @@ from schemas import (
     RegionThrottle,
     ReplyStatus,
     Tier,
+    TrafficSplit,
 )
 from services.admission.bucket import BucketState, Limit, TierConfig, decide
 from services.admission.cost import Cost
@@ -806,3 +807,55 @@ def test_the_ladder_does_not_divert_what_the_small_pool_cannot_run() -> None:
     )
     assert (long_got.dispatch.pool, long_got.reason) == ("main", ReasonCode.NONE)
     assert long_got.dispatch.degradation.diverted_from is None
+
+
+# -- canary split ----------------------------------------------------------------------
+
+
+def split(share: float, target: str = "main.canary-v2") -> TrafficSplit:
+    weights = {"main": 1.0 - share, target: share} if share < 1 else {target: 1.0}
+    return TrafficSplit(**common("pool:main"), pool="main", weights=weights)
+
+
+def with_session(session: str) -> InferenceRequest:
+    return request().model_copy(update={"session_id": session, "request_id": f"r-{session}"})
+
+
+def test_without_a_split_a_pool_keeps_its_traffic() -> None:
+    assert policy().split("main", request(), control()) == "main"
+    assert policy().pools(control()) == CONFIG.pools
+
+
+def test_the_split_sends_the_canarys_share_and_names_its_pool() -> None:
+    sessions = [with_session(f"s{i}") for i in range(2000)]
+    state = control(split(0.25))
+    sides = [policy().split("main", r, state) for r in sessions]
+    assert set(sides) == {"main", "main.canary-v2"}
+    assert 0.22 < sides.count("main.canary-v2") / len(sides) < 0.28
+    assert policy().pools(state) == (*CONFIG.pools, "main.canary-v2")
+    screened = policy().screen(
+        sessions[sides.index("main.canary-v2")], Priority.STANDARD, state, NOW
+    )
+    assert isinstance(screened, Screened)
+    assert screened.pool == "main.canary-v2"
+
+
+@given(st.lists(st.floats(0.01, 1.0), min_size=2, max_size=5), st.text(min_size=1, max_size=20))
+def test_a_session_on_the_canary_stays_there_as_its_share_grows(
+    shares: list[float], session: str
+) -> None:
+    req = with_session("".join(c for c in session if c.isalnum()) or "x")
+    on_canary = False
+    for share in sorted(shares):
+        side = policy().split("main", req, control(split(share)))
+        assert side in {"main", "main.canary-v2"}
+        if on_canary:
+            assert side == "main.canary-v2"
+        on_canary = side == "main.canary-v2"
+    assert policy().split("main", req, control(split(1.0))) == "main.canary-v2"
+
+
+def test_a_split_never_sends_a_pool_s_traffic_to_another_pool() -> None:
+    state = control(split(1.0, target="small"))
+    assert policy().split("main", request(), state) == "main"
+    assert policy().pools(state) == CONFIG.pools

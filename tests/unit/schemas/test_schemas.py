@@ -26,6 +26,10 @@ MODEL_LEVEL_RULES = (
     "exactly one of 'prompt' and 'messages'",
     "'deadline_at' is before",
     "every part of a report is its own worker's and pool's",
+    "the weights must sum to 1",
+    "steps must be increasing shares",
+    "the last step must be 1",
+    "a start command is its own release",
 )
 
 
