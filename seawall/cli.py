@@ -49,8 +49,30 @@ def up(
     ingress_port: Annotated[
         int, typer.Option(envvar="SEAWALL_INGRESS_PORT", help="Port of the OpenAI-compatible API.")
     ] = 8080,
+    canary: Annotated[
+        str | None,
+        typer.Option(
+            help="Also start workers of this canary version of the main pool "
+            "(then: seawall canary start --pool main --version <it>)."
+        ),
+    ] = None,
+    canary_workers: Annotated[int, typer.Option(min=0, help="How many (with --canary).")] = 1,
+    canary_env: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A setting of the canary's workers only, NAME=VALUE (repeatable), e.g. "
+            "SEAWALL_SIM_ERROR_RATE=0.3 for a version that fails."
+        ),
+    ] = None,
 ) -> None:
     """Start the stack on embedded defaults (broker, Redis, services) until Ctrl-C."""
+    canary_settings: dict[str, str] | None = None
+    if canary is not None:
+        pairs = [item.partition("=") for item in canary_env or []]
+        if any(not name or not eq for name, eq, _ in pairs):
+            raise typer.BadParameter("--canary-env takes NAME=VALUE")
+        canary_settings = {"SEAWALL_CANARY_VERSION": canary}
+        canary_settings |= {name: value for name, _, value in pairs}
     options = up_mod.UpOptions(
         kafka_bootstrap=os.environ.get("SEAWALL_KAFKA_BOOTSTRAP") or None,
         broker_port=broker_port,
@@ -59,7 +81,9 @@ def up(
         topic_prefix=topic_prefix,
         partitions=partitions,
         state_dir=state_dir,
-        services=up_mod.default_services(workers, small_workers, ingress_port),
+        services=up_mod.default_services(
+            workers, small_workers, ingress_port, canary_settings, canary_workers
+        ),
     )
     raise typer.Exit(up_mod.run(options))
 

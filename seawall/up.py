@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -43,9 +44,28 @@ class ServiceSpec:
 
 
 def default_services(
-    workers: int, small_workers: int, ingress_port: int = 8080
+    workers: int,
+    small_workers: int,
+    ingress_port: int = 8080,
+    canary: Mapping[str, str] | None = None,
+    canary_workers: int = 0,
 ) -> tuple[ServiceSpec, ...]:
-    """The services that exist so far, with their process counts."""
+    """The services that exist so far, with their process counts; with ``canary``
+    (``SEAWALL_CANARY_VERSION`` and any other setting of its workers), also
+    ``canary_workers`` workers of that canary release of the main pool, for
+    ``seawall canary start --pool main``."""
+    canaries = (
+        (
+            ServiceSpec(
+                "worker-canary",
+                "services.workers",
+                canary_workers,
+                {"SEAWALL_POOL": "main", **canary},
+            ),
+        )
+        if canary and canary_workers
+        else ()
+    )
     return (
         ServiceSpec(
             "ingress",
@@ -66,6 +86,7 @@ def default_services(
             small_workers,
             {"SEAWALL_POOL": "small", "SEAWALL_SIM_MODEL": "llama-3.2-1b"},
         ),
+        *canaries,
     )
 
 
