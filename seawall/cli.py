@@ -46,6 +46,14 @@ def up(
     small_workers: Annotated[
         int, typer.Option(min=0, help="Simulated workers in the small pool.")
     ] = 1,
+    enterprise_workers: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Simulated workers of the enterprise tier's dedicated pool (the main "
+            "pool's model); 0: enterprise shares the main pool.",
+        ),
+    ] = 1,
     ingress_port: Annotated[
         int, typer.Option(envvar="SEAWALL_INGRESS_PORT", help="Port of the OpenAI-compatible API.")
     ] = 8080,
@@ -82,8 +90,14 @@ def up(
         partitions=partitions,
         state_dir=state_dir,
         services=up_mod.default_services(
-            workers, small_workers, ingress_port, canary_settings, canary_workers
+            workers,
+            small_workers,
+            ingress_port,
+            canary_settings,
+            canary_workers,
+            enterprise_workers,
         ),
+        env=up_mod.fleet_env(enterprise_workers),
     )
     raise typer.Exit(up_mod.run(options))
 

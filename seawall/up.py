@@ -8,6 +8,7 @@ and on Ctrl-C or SIGTERM stops everything in reverse order, leaving no process b
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import signal
@@ -43,14 +44,31 @@ class ServiceSpec:
     """A port it serves on 127.0.0.1 (checked free before start, shown in the table)."""
 
 
+DEDICATED_POOL = "main-dedicated"
+"""The enterprise tier's dedicated pool in ``seawall up``: the main pool's model, on
+workers of its own (DESIGN: enterprise gets dedicated capacity)."""
+
+
+def fleet_env(enterprise_workers: int) -> dict[str, str]:
+    """The settings every service of the stack shares about its pools."""
+    if not enterprise_workers:
+        return {}
+    return {
+        "SEAWALL_POOLS": f"main,small,{DEDICATED_POOL}",
+        "SEAWALL_ENTERPRISE_POOLS": json.dumps({"main": DEDICATED_POOL}),
+    }
+
+
 def default_services(
     workers: int,
     small_workers: int,
     ingress_port: int = 8080,
     canary: Mapping[str, str] | None = None,
     canary_workers: int = 0,
+    enterprise_workers: int = 0,
 ) -> tuple[ServiceSpec, ...]:
-    """The services that exist so far, with their process counts; with ``canary``
+    """The services that exist so far, with their process counts: ``enterprise_workers``
+    serve the dedicated pool (``fleet_env`` names it); with ``canary``
     (``SEAWALL_CANARY_VERSION`` and any other setting of its workers), also
     ``canary_workers`` workers of that canary release of the main pool, for
     ``seawall canary start --pool main``."""
@@ -85,6 +103,12 @@ def default_services(
             "services.workers",
             small_workers,
             {"SEAWALL_POOL": "small", "SEAWALL_SIM_MODEL": "llama-3.2-1b"},
+        ),
+        ServiceSpec(
+            "worker-dedicated",
+            "services.workers",
+            enterprise_workers,
+            {"SEAWALL_POOL": DEDICATED_POOL},
         ),
         *canaries,
     )
@@ -130,7 +154,8 @@ class Stack:
         self._start_broker()
         self._start_redis()
         o = self.options
-        topics = Topics(o.topic_prefix, o.partitions)
+        pools = o.env.get("SEAWALL_POOLS", "main,small").split(",")
+        topics = Topics(o.topic_prefix, o.partitions, tuple(pools))
         created = asyncio.run(ensure_topics(self.bootstrap, topics.specs()))
         if created:
             self.console.print(f"created {len(created)} topics")

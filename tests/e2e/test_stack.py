@@ -136,6 +136,21 @@ async def test_the_sdk_completes_and_streams_through_the_stack(stack: Stack) -> 
     assert client.stats.terminal_replies == client.stats.submitted == 2
 
 
+async def test_enterprise_is_served_by_its_dedicated_pool_and_the_rest_by_main(
+    stack: Stack,
+) -> None:
+    """``seawall up`` gives the enterprise tier dedicated capacity for the main pool's
+    model (DESIGN): its requests run there, a pro tenant's on the main pool."""
+    replies = {}
+    for tier in ("enterprise", "pro"):
+        key = stack.key(f"where-{tier}", tier)["key"]
+        async with SeawallClient(api_key=key, settings=stack.settings) as client:
+            replies[tier] = await client.complete("which pool?", max_tokens=4, timeout_s=90)
+    assert {r.status for r in replies.values()} == {ReplyStatus.OK}
+    assert (replies["enterprise"].worker_id or "").startswith("worker-dedicated")
+    assert (replies["pro"].worker_id or "").startswith("worker-main")
+
+
 async def test_a_tenant_over_its_request_quota_is_refused_at_the_edge(stack: Stack) -> None:
     """A basic tenant (20 requests, 1 a second) sends 60 at once: admission rejects those
     its bucket cannot pay and publishes a hint; from then on ingress refuses the tenant
