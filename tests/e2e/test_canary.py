@@ -53,6 +53,8 @@ def test_a_failing_canary_gets_its_share_then_is_rolled_back_with_an_alert(
         "1",
         "--small-workers",
         "0",
+        "--enterprise-workers",
+        "0",  # the test's enterprise tenant uses the main pool, the one released into
         "--canary",
         "v2",
         "--canary-env",
