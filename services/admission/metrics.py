@@ -5,11 +5,32 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from schemas import InferenceRequest, Priority
+
 DECISIONS = Counter(
     "seawall_admission_decisions_total",
     "Final decisions per request: admitted, degraded, rejected, expired, dead_letter",
-    ["outcome", "reason", "priority"],
+    ["outcome", "reason", "priority", "tier"],
 )
+TENANT_DECISIONS = Counter(
+    "seawall_admission_tenant_decisions_total",
+    "Final decisions per tenant (the per-tenant dashboard): one series per tenant and "
+    "outcome, so as many tenants as the fleet serves",
+    ["tenant", "tier", "outcome"],
+)
+
+
+def decided(
+    outcome: str, reason: str, priority: Priority, request: InferenceRequest | None
+) -> None:
+    """Count one record's final decision (``request``: ``None`` for one that did not
+    decode: tier ``unknown``, no tenant)."""
+    tier = "unknown" if request is None else request.tier.value
+    DECISIONS.labels(outcome, reason, priority.value, tier).inc()
+    if request is not None:
+        TENANT_DECISIONS.labels(request.tenant, tier, outcome).inc()
+
+
 DISPATCHES = Counter(
     "seawall_admission_dispatches_total", "Requests dispatched, by pool", ["pool", "priority"]
 )

@@ -112,7 +112,7 @@ from services.common.bus import (
     topics_of,
 )
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.consuming import ConsumerLoop, Record, retry_unavailable
+from services.common.consuming import ConsumerLoop, Record, observe_lag, retry_unavailable
 from services.common.control import ControlFollower, ControlState
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.delivery import Replies, TopicDirectory
@@ -408,6 +408,7 @@ class Admission(Component):
                 self._backoff,
                 "admission-intake",
             )
+            observe_lag("admission", consumer, batches)
             decoded: list[tuple[TopicPartition, Record, InferenceRequest, Priority]] = []
             for tp, records in batches.items():
                 cls = self._class_of[tp.topic]
@@ -416,7 +417,7 @@ class Admission(Component):
                     try:
                         decoded.append((tp, record, decode(REQUEST, record.value), cls))
                     except DecodeError as e:
-                        self._refuse(tp, record, cls, e)
+                        self._refuse(tp, record, None, cls, e)
             # One look at the broker's topics for the whole batch: nobody could receive
             # an answer on a reply topic that does not exist (no quota, no GPU for it).
             unusable = await retry_unavailable(
@@ -430,14 +431,20 @@ class Admission(Component):
                 if error is None:
                     items.append((tp, record.offset, request, cls))
                 else:
-                    self._refuse(tp, record, cls, error)
+                    self._refuse(tp, record, request, cls, error)
             if items:
                 await self._decide(items)
 
     def _refuse(
-        self, tp: TopicPartition, record: Record, cls: Priority, error: DecodeError
+        self,
+        tp: TopicPartition,
+        record: Record,
+        request: InferenceRequest | None,
+        cls: Priority,
+        error: DecodeError,
     ) -> None:
-        m.DECISIONS.labels("dead_letter", error.reason, cls.value).inc()
+        """Dead-letter a record (``request``: ``None`` when it did not decode)."""
+        m.decided("dead_letter", error.reason, cls, request)
         self._finish(self._dead_letter(tp, record, error))
 
     async def _decide(
@@ -721,7 +728,7 @@ class Admission(Component):
                 raise ack
             self.offsets.done(w.tp, w.offset)
             outcome = "admitted" if admit.reason is ReasonCode.NONE else "degraded"
-            m.DECISIONS.labels(outcome, admit.reason.value, w.source.value).inc()
+            m.decided(outcome, admit.reason.value, w.source, w.request)
             m.DISPATCHES.labels(admit.dispatch.pool, w.accepted.cls.value).inc()
         if unsent:
             log.warning(
@@ -756,7 +763,7 @@ class Admission(Component):
         verdict: Reply,
     ) -> None:
         reply = verdict.reply
-        m.DECISIONS.labels(reply.status.value, reply.reason.value, cls.value).inc()
+        m.decided(reply.status.value, reply.reason.value, cls, request)
         self._finish(self._send_reply(tp, offset, request, verdict))
 
     def _fail(

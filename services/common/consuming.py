@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import ConsumerRecord
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from services.common.deadletters import DeadLetters
 from services.common.failures import Backoff, is_infrastructure
@@ -54,6 +54,24 @@ RECORD_FAILURES = Counter(
     "Records that failed on their own account (answered or dead-lettered)",
     ["loop"],
 )
+LAG = Gauge(
+    "seawall_consumer_lag_records",
+    "Records behind the end of a partition, as of the last batch read from it",
+    ["loop", "topic", "partition"],
+)
+
+
+def observe_lag(
+    loop: str, consumer: AIOKafkaConsumer, batches: Mapping[TopicPartition, Sequence[Record]]
+) -> None:
+    """Record each fetched partition's lag: its high watermark (from the same fetch)
+    past the batch's last record. A partition with nothing fetched keeps its last
+    value: reading nothing means nothing new, or the loop is paused on it."""
+    for tp, records in batches.items():
+        highwater = consumer.highwater(tp)
+        if records and highwater is not None:
+            lag = max(0, highwater - records[-1].offset - 1)
+            LAG.labels(loop, tp.topic, str(tp.partition)).set(lag)
 
 
 class Handler(Protocol[D]):
@@ -164,6 +182,7 @@ class ConsumerLoop(Component, Generic[D]):
                 self._backoff,
                 self.name,
             )
+            observe_lag(self.name, consumer, batches)
             if batches:
                 self._in_batch = True
                 try:

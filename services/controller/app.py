@@ -404,7 +404,6 @@ class Controller(Component):
         async with self._lock:
             now = self.clock.time()
             splits = self.canaries.evaluate(self.control, self.engines, self.owns_pool, now)
-            self._exporter.export(self.engines.values())
             found = [c for engine in self.engines.values() for c in conditions(engine)]
             found += self.regions.conditions()
             found += self.canaries.conditions()
@@ -413,6 +412,7 @@ class Controller(Component):
                 found, now, owned=lambda pool: pool in self.engines if pool else fleet
             )
             notes = self._alerts.due(now)
+            self._exporter.export(self.engines.values(), self._alerts.active())
         await self._send(splits)
         await self._send_alerts(alerts)
         self._notifiers.submit(notes)

@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from schemas import Alert
 from services.controller.engine import Output, PoolEngine
 from services.controller.policy import Circuit
 
@@ -44,6 +45,11 @@ STATE_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "seawall_controller_batch_latency_ewma_ms": (
         "Latency EWMA the adaptive batch limit judges, per worker",
         ("worker",),
+    ),
+    "seawall_controller_alert_active": (
+        "1 per alert firing in this instance's pools (Prometheus' SeawallControllerAlert "
+        "forwards each to Alertmanager)",
+        ("rule", "scope", "pool", "severity"),
     ),
     "seawall_controller_signal": (
         "The policies' inputs at the last evaluation, per scope and signal "
@@ -113,7 +119,7 @@ class StateExporter:
         self._worker_signals = worker_signals
         STATE.exporters.add(self)
 
-    def export(self, engines: Iterable[PoolEngine]) -> None:
+    def export(self, engines: Iterable[PoolEngine], alerts: Iterable[Alert] = ()) -> None:
         snapshot: Snapshot = {name: [] for name in STATE_FAMILIES}
         breaker_state = snapshot["seawall_controller_breaker_state"]
         breaker_level = snapshot["seawall_controller_breaker_level"]
@@ -138,5 +144,8 @@ class StateExporter:
             for scope, inputs in engine.inputs.items():
                 if scope == engine.scope or self._worker_signals:
                     signals.extend(((scope, signal), value) for signal, value in inputs.items())
+        snapshot["seawall_controller_alert_active"] = [
+            ((a.rule, a.scope, a.pool or "", a.severity), 1) for a in alerts
+        ]
         POOLS.set(pools)
         self.snapshot = snapshot

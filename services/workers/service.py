@@ -68,7 +68,7 @@ from schemas.base import Message
 from schemas.requests import Priority
 from services.common.bus import commit_done, ensure_topics, make_consumer, make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.consuming import Record, retry_unavailable
+from services.common.consuming import Record, observe_lag, retry_unavailable
 from services.common.control import ControlFollower, ControlState, isolates
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.delivery import Replies, TopicDirectory, Undeliverable
@@ -227,7 +227,7 @@ class Worker(Component):
         for warning in validate_limits(limits):
             log.warning("risky engine setting", extra={"warning": str(warning)})
         self.batch_limit = min(self.batch_limit, limits.max_num_seqs)
-        m.BATCH_LIMIT.set(self.batch_limit)
+        m.BATCH_LIMIT.labels(self.settings.pool).set(self.batch_limit)
         specs = self.topics.specs()
         if self.settings.pool not in self.topics.pools:  # a canary's, or one not configured
             specs.append(self.topics.dispatch_spec(self.settings.pool))
@@ -336,7 +336,7 @@ class Worker(Component):
         if new != self.batch_limit:
             log.info("batch limit changed", extra={"previous": self.batch_limit, "limit": new})
         self.batch_limit = new
-        m.BATCH_LIMIT.set(new)
+        m.BATCH_LIMIT.labels(self.settings.pool).set(new)
         self.spawn(self._notify_capacity(), "notify")
 
     async def _notify_capacity(self) -> None:
@@ -387,12 +387,13 @@ class Worker(Component):
                 backoff,
                 "worker-fetch",
             )
+            observe_lag("worker", consumer, batches)
             for tp, records in batches.items():
                 for record in records:
                     self.offsets.track(tp, record.offset)
                     key = f"{tp.partition}:{record.offset}"
                     self._requests[key] = self.spawn(self._serve(tp, record, key), f"serve:{key}")
-            m.IN_FLIGHT.set(self.in_flight)
+            m.IN_FLIGHT.labels(self.settings.pool).set(self.in_flight)
 
     async def _step_aside(self, consumer: AIOKafkaConsumer) -> None:
         log.warning(
@@ -407,13 +408,13 @@ class Worker(Component):
         self.offsets.forget(consumer.assignment())
         consumer.unsubscribe()
         self.stepped_aside = True
-        m.STEPPED_ASIDE.set(1)
+        m.STEPPED_ASIDE.labels(self.settings.pool).set(1)
 
     def _rejoin(self, consumer: AIOKafkaConsumer) -> None:
         log.info("my breaker lets me serve again: rejoining the group")
         consumer.subscribe([self.topics.dispatch(self.settings.pool)], listener=_Rebalance(self))
         self.stepped_aside = False
-        m.STEPPED_ASIDE.set(0)
+        m.STEPPED_ASIDE.labels(self.settings.pool).set(0)
 
     async def _serve(self, tp: TopicPartition, record: Record, key: str) -> None:
         """Settle one record: its request answered (or joined to the run of it in hand,
@@ -424,12 +425,12 @@ class Worker(Component):
             try:
                 dispatched = decode(DISPATCH, record.value)
             except DecodeError as e:
-                m.REQUESTS.labels("dead_letter").inc()
+                m.REQUESTS.labels(self.settings.pool, "dead_letter").inc()
                 await self._dead_letters.record(record, e)
             else:
                 rid = dispatched.request.request_id
                 if rid in self._runs:  # redelivered while this worker runs it
-                    m.REQUESTS.labels("joined").inc()
+                    m.REQUESTS.labels(self.settings.pool, "joined").inc()
                     self._runs[rid].joined.append((tp, record.offset))
                     rid = None  # not this task's run
                     return
@@ -457,7 +458,7 @@ class Worker(Component):
                 # for the lease to run out.
                 self._spawn_release(run.held)
             self._requests.pop(key, None)
-            m.IN_FLIGHT.set(self.in_flight)
+            m.IN_FLIGHT.labels(self.settings.pool).set(self.in_flight)
             async with self._capacity:
                 self._capacity.notify_all()
 
@@ -494,7 +495,7 @@ class Worker(Component):
         while True:
             claim = await self._claim(d)
             if isinstance(claim, Done):
-                m.REQUESTS.labels("already_answered").inc()
+                m.REQUESTS.labels(self.settings.pool, "already_answered").inc()
                 return
             if isinstance(claim, Busy):
                 # Alive elsewhere (its partition moved): wait for that worker, or for its
@@ -504,7 +505,7 @@ class Worker(Component):
             if claim.attempts:
                 run.held = Held(req.tenant, req.request_id, claim.generation)
             if claim.attempts > self.settings.max_attempts:
-                m.REQUESTS.labels("too_many_attempts").inc()
+                m.REQUESTS.labels(self.settings.pool, "too_many_attempts").inc()
                 reply = self._reply(
                     req.request_id,
                     ReplyStatus.ERROR,
@@ -608,7 +609,7 @@ class Worker(Component):
         finally:
             run.prefill_tokens = 0
         if run.lost:
-            m.REQUESTS.labels("taken_over").inc()
+            m.REQUESTS.labels(self.settings.pool, "taken_over").inc()
             return  # the new owner's generation answers it
         if req.stream:
             tail = coalescer.flush()
@@ -676,10 +677,10 @@ class Worker(Component):
                 log.warning("could not mark a request done", extra={"error": repr(e)[:200]})
             run.held = None  # nothing left to release
         latency = max(0.0, reply.completed_at - started)
-        m.REQUESTS.labels(reply.status.value).inc()
-        m.LATENCY.observe(latency)
+        m.REQUESTS.labels(self.settings.pool, reply.status.value).inc()
+        m.LATENCY.labels(self.settings.pool, req.priority.value).observe(latency)
         if ttft is not None:
-            m.TTFT.observe(ttft)
+            m.TTFT.labels(self.settings.pool, req.priority.value).observe(ttft)
         self.completed_total += 1
         ok = reply.status is not ReplyStatus.ERROR
         self._summary.add(
@@ -717,7 +718,7 @@ class Worker(Component):
         dead letter."""
         req = d.request
         if isinstance(error, RequestRefused):
-            m.REQUESTS.labels("refused").inc()
+            m.REQUESTS.labels(self.settings.pool, "refused").inc()
             code, message = "engine_refused", str(error)[:512]
         else:
             code, message = failure_of(error)
@@ -744,7 +745,7 @@ class Worker(Component):
                 if is_infrastructure(e):
                     raise
                 error = e
-        m.REQUESTS.labels("dead_letter").inc()
+        m.REQUESTS.labels(self.settings.pool, "dead_letter").inc()
         await self._dead_letters.record(record, error)
 
     # -- claims ----------------------------------------------------------------
@@ -815,10 +816,10 @@ class Worker(Component):
         the requests finished, in one record."""
         now = self.clock.time()
         snap = self.engine.snapshot()
-        m.ENGINE_RUNNING.set(snap.running)
-        m.ENGINE_WAITING.set(snap.waiting)
-        m.KV_USAGE.set(snap.kv_cache_usage)
-        m.PREEMPTED.set(snap.preempted_total)
+        m.ENGINE_RUNNING.labels(self.settings.pool).set(snap.running)
+        m.ENGINE_WAITING.labels(self.settings.pool).set(snap.waiting)
+        m.KV_USAGE.labels(self.settings.pool).set(snap.kv_cache_usage)
+        m.PREEMPTED.labels(self.settings.pool).set(snap.preempted_total)
         engine = EngineStats(
             worker_id=self.worker_id,
             pool=self.settings.pool,
@@ -837,8 +838,8 @@ class Worker(Component):
         )
         gpus = []
         for g in self.probe.sample():
-            m.GPU_MEMORY.labels(str(g.index)).set(g.memory_used_bytes)
-            m.GPU_TEMPERATURE.labels(str(g.index)).set(g.temperature_c)
+            m.GPU_MEMORY.labels(self.settings.pool, str(g.index)).set(g.memory_used_bytes)
+            m.GPU_TEMPERATURE.labels(self.settings.pool, str(g.index)).set(g.temperature_c)
             gpus.append(gpu_stats(g, self.worker_id, self.settings.pool, now))
         await self._publish(
             self.topics.telemetry,
