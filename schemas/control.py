@@ -70,6 +70,9 @@ class BreakerState(_Control):
     """The matrix rows (signals) currently tripped."""
     probe_requests: int = Field(default=0, ge=0, le=1000)
     """Half-open: how many probe requests may pass."""
+    incarnation: Ident | None = None
+    """A worker's scope: the process (``WorkerHeartbeat.incarnation``) the decision was
+    made about; an emergency restart is obeyed only by that one."""
 
 
 class DegradationLevel(_Control):

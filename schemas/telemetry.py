@@ -203,6 +203,10 @@ class WorkerHeartbeat(Message):
     completed_total: Count = 0
     """The worker's finished requests so far (``RequestCompleted.seq`` of the latest):
     every request with a higher ``seq`` is still counted in ``in_flight``."""
+    incarnation: Ident | None = None
+    """A random id of this worker process. An emergency restart names the incarnation
+    it orders to restart, so the process that replaces it never obeys the same order —
+    whatever the two hosts' clocks say."""
 
 
 class WorkerReport(Message):

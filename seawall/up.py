@@ -156,7 +156,10 @@ class Stack:
         o = self.options
         pools = o.env.get("SEAWALL_POOLS", "main,small").split(",")
         topics = Topics(o.topic_prefix, o.partitions, tuple(pools))
-        created = asyncio.run(ensure_topics(self.bootstrap, topics.specs()))
+        # An external cluster's replication as its services will ask for it (whoever
+        # starts first creates the topics); the embedded broker is one node.
+        replication = int(os.environ.get("SEAWALL_TOPIC_REPLICATION", "1"))
+        created = asyncio.run(ensure_topics(self.bootstrap, topics.specs(), replication))
         if created:
             self.console.print(f"created {len(created)} topics")
         self._pepper_file = self._ensure_pepper()

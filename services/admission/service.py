@@ -304,7 +304,7 @@ class Admission(Component):
     # -- lifecycle -------------------------------------------------------------------
     async def on_start(self) -> None:
         s = self.settings
-        await ensure_topics(s.kafka_bootstrap, self.topics.specs())
+        await ensure_topics(s.kafka_bootstrap, self.topics.specs(), s.topic_replication)
         await self._producer.start()
         # Group joins take seconds on some brokers (Tansu delays the first JoinGroup):
         # join both groups at once.

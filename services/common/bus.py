@@ -107,9 +107,11 @@ async def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
 async def ensure_topics(
     bootstrap: str, specs: Iterable[TopicSpec], replication: int = 1
 ) -> list[str]:
-    """Create the topics that do not exist yet, with their partitions and retention
-    (never left to a broker's auto-creation, which production Kafka turns off and which
-    would pick its own defaults). Returns the names created."""
+    """Create the topics that do not exist yet, with their partitions, retention and
+    ``replication`` (never left to a broker's auto-creation, which production Kafka
+    turns off and which would pick its own defaults). Services pass their
+    ``topic_replication``: whichever starts first creates the fleet's topics, so each
+    must ask for the same. Returns the names created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
     await admin.start()
     try:

@@ -374,6 +374,8 @@ class _Worker:
         self.max_num_seqs: int | None = None
         self.lost_since: float | None = None
         self.preempted_total: int | None = None
+        self.incarnation: str | None = None
+        """The process last heard from under this id (its heartbeats say)."""
         self.memory_reserved: float | None = None
         """The engine's ``gpu_memory_utilization``, from its ``EngineStats``; until one
         arrives (telemetry of different kinds can come out of order, e.g. from a backlog
@@ -567,7 +569,8 @@ class PoolEngine:
         if isinstance(heartbeat, WorkerHeartbeat) and heartbeat.status == "stopped":
             self._forget(f"worker:{event.worker_id}")
             return self._output()
-        worker = self._worker(event.worker_id, now)
+        incarnation = heartbeat.incarnation if isinstance(heartbeat, WorkerHeartbeat) else None
+        worker = self._worker(event.worker_id, now, incarnation)
         self._observed.add(worker.scope)
         if isinstance(event, WorkerReport):
             for part in event.parts():
@@ -595,6 +598,7 @@ class PoolEngine:
             if self.config.host_cpu_breaker:
                 worker.cpu.record(now, event.host_cpu_pct)
                 self._cpu.record(now, event.host_cpu_pct)
+            worker.incarnation = event.incarnation
             back = self._monitor.beat(worker.scope, now)
             if back is not None:
                 worker.lost_since = None
@@ -657,11 +661,14 @@ class PoolEngine:
         self._issue_batch(worker, evidence, None if previous is None else str(previous), now)
         return batch
 
-    def _worker(self, worker_id: str, now: float) -> _Worker:
+    def _worker(self, worker_id: str, now: float, incarnation: str | None = None) -> _Worker:
+        """The worker, first seen now unless known (``incarnation``: its heartbeat's, if
+        the record holds one, so that even its first decision names it)."""
         scope = f"worker:{worker_id}"
         worker = self._workers.get(scope)
         if worker is None:
             worker = self._workers[scope] = _Worker(worker_id, self.config)
+            worker.incarnation = incarnation
             self._monitor.beat(scope, now)
             evidence = PolicyEvidence(reason=f"worker {worker_id} first seen in pool {self.pool}")
             self._issue_breaker(scope, BreakerStatus(), evidence, None, now)
@@ -779,6 +786,7 @@ class PoolEngine:
         previous: str | None,
         now: float,
     ) -> None:
+        worker = self._workers.get(scope)
         self._emit(
             BreakerState(
                 scope=scope,
@@ -790,6 +798,7 @@ class PoolEngine:
                 level=status.level,
                 tripped=status.tripped,
                 probe_requests=status.probe_requests,
+                incarnation=None if worker is None else worker.incarnation,
             )
         )
 

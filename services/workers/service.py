@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import uuid
 from typing import Any, Literal
 
 import psutil
@@ -211,6 +212,8 @@ class Worker(Component):
         self._status: Literal["starting", "serving", "draining", "stopped"] = "starting"
         self.batch_limit = settings.batch_limit
         self.started_at = clock.time()
+        self.incarnation = uuid.uuid4().hex[:16]
+        """This process: an emergency restart names it (``WorkerHeartbeat``)."""
         self.completed_total = 0
         """Requests finished so far (``RequestCompleted.seq``, reports'
         ``completed_total``)."""
@@ -322,7 +325,7 @@ class Worker(Component):
             if (
                 breaker is event
                 and event.level >= BreakerLevel.EMERGENCY
-                and event.issued_at > self.started_at  # an order for an earlier incarnation
+                and event.incarnation == self.incarnation  # not an order for another
             ):
                 log.error(
                     "emergency restart ordered by the controller",
@@ -868,6 +871,7 @@ class Worker(Component):
             at=now,
             partitions=tuple(sorted(tp.partition for tp in self.partitions)),
             completed_total=self.completed_total,
+            incarnation=self.incarnation,
         )
 
     async def _publish_heartbeat(self) -> None:

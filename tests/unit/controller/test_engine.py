@@ -60,9 +60,14 @@ def report(
 
 
 def heartbeat(
-    worker: str, at: float, cpu: float = 20.0, status: Literal["serving", "stopped"] = "serving"
+    worker: str,
+    at: float,
+    cpu: float = 20.0,
+    status: Literal["serving", "stopped"] = "serving",
+    incarnation: str = "first",
 ) -> WorkerHeartbeat:
     return WorkerHeartbeat(
+        incarnation=incarnation,
         worker_id=worker,
         pool="main",
         engine="sim",
@@ -423,6 +428,24 @@ def test_vllm_preallocation_does_not_trip_the_memory_breaker_but_a_leak_does() -
     assert isinstance(breaker, BreakerState)
     assert breaker.state == "open"
     assert breaker.level == BreakerLevel.EMERGENCY
+    assert breaker.incarnation == "first"  # the process to restart, not its successor
+
+
+def test_a_restart_order_names_the_process_heard_from_not_a_time() -> None:
+    """The replacement process (a new incarnation) is not named by the order its
+    predecessor got, so it never obeys it, whatever the clocks of the two hosts."""
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0, gpu_memory_utilization=0.9))
+    fleet.tick()
+    for _ in range(40):  # restarted as "second", which leaks in its turn
+        fleet.feed(heartbeat("w1", fleet.now, incarnation="second"))
+        fleet.feed(gpu("w1", fleet.now, memory_pct=99.0))
+        fleet.tick(1.0)
+    first, *_, latest = of_kind(fleet.events, BreakerState, "worker:w1")
+    assert isinstance(first, BreakerState)
+    assert isinstance(latest, BreakerState)
+    assert (first.incarnation, first.level) == ("first", BreakerLevel.NONE)
+    assert (latest.incarnation, latest.level) == ("second", BreakerLevel.EMERGENCY)
 
 
 def test_the_small_pool_is_not_diverted_to_itself() -> None:
