@@ -16,7 +16,9 @@ def run_service(name: str, settings: CommonSettings, build: Callable[[], Compone
     component ``build`` makes (inside the event loop) until SIGTERM/SIGINT."""
     configure(settings.log_level, settings.log_format)
     metrics = (
-        serve_metrics(settings.metrics_port, name) if settings.metrics_port is not None else None
+        serve_metrics(settings.metrics_port, name, settings.metrics_host)
+        if settings.metrics_port is not None
+        else None
     )
 
     async def run() -> int:

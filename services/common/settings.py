@@ -65,6 +65,9 @@ class CommonSettings(BaseSettings):
     log_format: Literal["logfmt", "json"] = "logfmt"
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     """Port of the service's Prometheus ``/metrics``; ``None`` serves none."""
+    metrics_host: str = "127.0.0.1"
+    """Address ``/metrics`` listens on: the loopback by default; ``0.0.0.0`` in a
+    container or pod, for Prometheus on another host to scrape."""
     shutdown_grace_s: float = Field(default=20.0, ge=0, le=3600)
     """How long a SIGTERM'd service may spend finishing in-flight work."""
 
