@@ -1,0 +1,362 @@
+"""compose/docker-compose.yml (and the Dockerfile it builds): valid against the Compose
+Specification's JSON schema (vendored, compose-spec.NOTICE.md), and saying what seawall
+needs: Kafka reachable from the containers, settings each service accepts, the fleet of
+simulated workers, a vLLM worker on an NVIDIA GPU under the `gpu` profile, the key pepper
+as a secret from a file git ignores, and Prometheus, Alertmanager and Grafana wired to
+the services. Offline: nothing here starts Docker."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # no stubs in the dev set
+import yaml
+
+from tests.deploy.conftest import LoadSettings
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+COMPOSE = ROOT / "compose" / "docker-compose.yml"
+SCHEMA = HERE / "compose-spec.json"
+SCHEMA_SHA256 = "56bab44c85c0ce8affb74474950293f37d510673283a243bcd7eeadb900fa35c"
+INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-?])?([^}]*)\}")
+# An interpolation, or `$$` (a literal `$`).
+TOKEN = re.compile(r"\$\$|" + INTERPOLATION.pattern)
+
+Obj = dict[str, Any]
+
+
+def load() -> Obj:
+    data: Obj = yaml.safe_load(COMPOSE.read_text())
+    return data
+
+
+def interpolate(value: str) -> str:
+    """As `docker compose` does with none of the variables set: their defaults."""
+    return TOKEN.sub(lambda m: "$" if m.group(0) == "$$" else m.group(3), value)
+
+
+def environment(service: Obj) -> dict[str, str]:
+    env = service.get("environment", {})
+    assert isinstance(env, dict), "environment as a mapping"
+    return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+def seawall_services(compose: Obj) -> dict[str, Obj]:
+    return {
+        name: s
+        for name, s in compose["services"].items()
+        if s.get("command", [])[:2] == ["python", "-m"]
+    }
+
+
+def module_of(service: Obj) -> str:
+    return str(service["command"][2])
+
+
+def mounts(service: Obj) -> dict[str, str]:
+    """Target → source (relative to the repository root) of the bind mounts."""
+    out = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("."):
+            out[target] = (COMPOSE.parent / source).resolve().relative_to(ROOT).as_posix()
+    return out
+
+
+def listeners(value: str) -> dict[str, tuple[str, int]]:
+    """``NAME://host:port,…`` → name → (host, port)."""
+    out = {}
+    for item in value.split(","):
+        name, address = item.split("://")
+        host, port = address.rsplit(":", 1)
+        out[name] = (host, int(port))
+    return out
+
+
+def seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", duration))
+
+
+def test_the_vendored_schema_is_the_official_one_unchanged() -> None:
+    assert hashlib.sha256(SCHEMA.read_bytes()).hexdigest() == SCHEMA_SHA256
+
+
+def schema_errors(document: Obj) -> list[str]:
+    schema = json.loads(SCHEMA.read_text())
+    # Its "$schema" misspells draft 2019-09's address (http://json-schema.org/draft/
+    # 2019-09/schema#): name the draft rather than let jsonschema guess.
+    assert "2019-09" in schema["$schema"]
+    jsonschema.Draft201909Validator.check_schema(schema)
+    validator = jsonschema.Draft201909Validator(schema)
+    return [
+        f"{'/'.join(str(p) for p in e.absolute_path)}: {e.message}"
+        for e in validator.iter_errors(document)
+    ]
+
+
+def test_the_compose_file_is_valid_against_the_compose_specification() -> None:
+    assert schema_errors(load()) == []
+
+
+def test_the_schema_refuses_what_compose_would() -> None:
+    typo = load()
+    typo["services"]["ingress"]["enviroment"] = {}
+    wrong = load()
+    wrong["services"]["worker-main"]["deploy"]["replicas"] = "two"
+    gpu = load()
+    gpu["services"]["worker-vllm"]["deploy"]["resources"]["reservations"]["gpus"] = 1
+    for broken in (typo, wrong, gpu):
+        assert schema_errors(broken)
+
+
+def test_every_interpolation_has_a_default() -> None:
+    """`docker compose up` works with no variable set (and `--profile gpu` too)."""
+    text = COMPOSE.read_text()
+    found = INTERPOLATION.findall(text)
+    assert found
+    for name, operator, _ in found:
+        assert operator == ":-", name
+    assert not re.search(r"\$(?!\{|\$)", text.replace("$$", "")), "a bare $VARIABLE"
+
+
+def test_kafka_is_kraft_with_a_listener_for_the_host_and_one_for_containers() -> None:
+    kafka = environment(load()["services"]["kafka"])
+    assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert kafka["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    advertised = listeners(kafka["KAFKA_ADVERTISED_LISTENERS"])
+    bound = listeners(kafka["KAFKA_LISTENERS"])
+    protocols = dict(p.split(":") for p in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(bound) == set(protocols)
+    for name, (_, port) in advertised.items():
+        assert bound[name][1] == port, name
+    assert ("127.0.0.1", 9092) in advertised.values()  # processes on the host
+    assert ("kafka", 19092) in advertised.values()  # containers
+    assert kafka["KAFKA_INTER_BROKER_LISTENER_NAME"] in advertised
+
+
+def test_every_seawall_service_reaches_kafka_and_redis_inside_the_network() -> None:
+    compose = load()
+    kafka = environment(compose["services"]["kafka"])
+    internal = {
+        f"{host}:{port}"
+        for host, port in listeners(kafka["KAFKA_ADVERTISED_LISTENERS"]).values()
+        if host != "127.0.0.1"
+    }
+    services = seawall_services(compose)
+    assert services
+    for name, service in services.items():
+        env = environment(service)
+        assert env["SEAWALL_KAFKA_BOOTSTRAP"] in internal, name
+        assert env["SEAWALL_KAFKA_IDEMPOTENCE"] == "true", name  # Apache Kafka
+        redis = re.fullmatch(r"redis://([^:/]+):6379/\d+", env["SEAWALL_REDIS_URL"])
+        assert redis is not None, name
+        assert redis.group(1) in compose["services"], name
+        for dependency in ("kafka", "redis"):
+            assert service["depends_on"][dependency]["condition"] == "service_healthy", name
+            assert compose["services"][dependency]["healthcheck"]["test"], dependency
+
+
+def test_every_seawall_service_gets_settings_it_accepts(load_settings: LoadSettings) -> None:
+    """Each service's environment, variables at their defaults, loads into its settings
+    and names only settings that exist."""
+    for name, service in seawall_services(load()).items():
+        env = {k: interpolate(v) for k, v in environment(service).items()}
+        loaded = load_settings(module_of(service), env)
+        assert loaded.kafka_bootstrap == env["SEAWALL_KAFKA_BOOTSTRAP"], name
+        assert loaded.redis_url == env["SEAWALL_REDIS_URL"], name
+        if module_of(service) == "services.workers":
+            assert loaded.pool in loaded.pools, name
+
+
+def test_the_default_fleet_is_simulated() -> None:
+    compose = load()
+    workers = {
+        name: s
+        for name, s in seawall_services(compose).items()
+        if module_of(s) == "services.workers" and "profiles" not in s
+    }
+    fleet = {
+        name: (
+            environment(s)["SEAWALL_POOL"],
+            environment(s).get("SEAWALL_ENGINE", "sim"),
+            environment(s)["SEAWALL_SIM_MODEL"],
+            s["deploy"]["replicas"],
+        )
+        for name, s in workers.items()
+    }
+    assert fleet == {
+        "worker-main": ("main", "sim", "llama-2-7b", 2),
+        "worker-small": ("small", "sim", "llama-3.2-1b", 1),
+        "worker-main-dedicated": ("main-dedicated", "sim", "llama-2-7b", 1),
+    }
+    for name, service in seawall_services(compose).items():
+        env = environment(service)
+        assert set(env["SEAWALL_POOLS"].split(",")) == {"main", "small", "main-dedicated"}
+        if "profiles" not in service:
+            assert "devices" not in str(service.get("deploy", {})), name
+    for name in ("ingress", "admission", "controller"):
+        assert "profiles" not in compose["services"][name]
+    enterprise = environment(compose["services"]["admission"])["SEAWALL_ENTERPRISE_POOLS"]
+    assert json.loads(enterprise) == {"main": "main-dedicated"}
+
+
+def test_the_gpu_profile_runs_a_vllm_worker_on_an_nvidia_gpu() -> None:
+    compose = load()
+    gpu = {name: s for name, s in compose["services"].items() if "gpu" in s.get("profiles", [])}
+    assert list(gpu) == ["worker-vllm"]
+    worker = gpu["worker-vllm"]
+    assert worker["profiles"] == ["gpu"]
+    env = environment(worker)
+    assert env["SEAWALL_ENGINE"] == "vllm"
+    assert env["SEAWALL_POOL"] in env["SEAWALL_POOLS"].split(",")
+    # The model is the operator's choice, with a default.
+    model = INTERPOLATION.fullmatch(env["SEAWALL_VLLM_MODEL"])
+    assert model is not None
+    assert model.group(1) == "SEAWALL_VLLM_MODEL"
+    assert interpolate(env["SEAWALL_VLLM_MODEL"])
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+    # An image with vLLM in it: the Dockerfile's EXTRAS names pyproject's extras.
+    assert worker["build"]["args"]["EXTRAS"] == "vllm"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^ARG EXTRAS=", dockerfile, re.M)
+    assert '".${EXTRAS:+[$EXTRAS]}"' in dockerfile
+    assert 'vllm = ["vllm' in (ROOT / "pyproject.toml").read_text()
+    assert worker["image"] != compose["services"]["worker-main"]["image"]
+
+
+def test_the_key_pepper_is_a_secret_from_a_file_git_ignores() -> None:
+    compose = load()
+    assert compose["secrets"] == {"key_pepper": {"file": "./secrets/key_pepper"}}
+    ingress = compose["services"]["ingress"]
+    assert ingress["secrets"] == ["key_pepper"]
+    assert environment(ingress)["SEAWALL_KEY_PEPPER_FILE"] == "/run/secrets/key_pepper"
+    ignored = (ROOT / ".gitignore").read_text().split()
+    assert "compose/secrets/" in ignored
+    # Nor does it go into the image: the build context is the repository.
+    assert "compose/secrets" in (ROOT / ".dockerignore").read_text().split()
+
+
+def test_no_secret_is_written_in_the_file() -> None:
+    compose = load()
+    for name, service in compose["services"].items():
+        env = environment(service)
+        assert "SEAWALL_KEY_PEPPER" not in env, name
+        for key, value in env.items():
+            if re.search(r"PEPPER|PASSWORD|TOKEN|SECRET|_KEY$", key):
+                # Empty, from the environment of `docker compose`, or a file's path.
+                assert INTERPOLATION.fullmatch(value) or value.startswith("/run/secrets/"), (
+                    name,
+                    key,
+                )
+                assert interpolate(value) == "" or value.startswith("/run/secrets/"), (name, key)
+    # Nothing that looks like a key anywhere (hex or base64 of 128 bits or more).
+    assert not re.search(r"[0-9a-fA-F]{32,}|[A-Za-z0-9+/]{40,}={0,2}", COMPOSE.read_text())
+
+
+def test_the_services_stop_gracefully_and_say_when_they_are_healthy() -> None:
+    compose = load()
+    for name, service in seawall_services(compose).items():
+        grace = float(environment(service)["SEAWALL_SHUTDOWN_GRACE_S"])
+        assert seconds(service["stop_grace_period"]) >= grace + 5, name
+        assert service["restart"] == "unless-stopped", name
+        probe = " ".join(service["healthcheck"]["test"])
+        if name == "ingress":
+            assert "http://127.0.0.1:8080/health" in probe
+        else:
+            port = environment(service)["SEAWALL_METRICS_PORT"]
+            assert f"http://127.0.0.1:{port}/metrics" in probe, name
+    ingress = compose["services"]["ingress"]
+    env = environment(ingress)
+    assert env["SEAWALL_INGRESS_HOST"] == "0.0.0.0"
+    assert f"{env['SEAWALL_INGRESS_PORT']}:{env['SEAWALL_INGRESS_PORT']}" in ingress["ports"]
+
+
+def test_prometheus_scrapes_every_seawall_service_and_alerts_through_alertmanager() -> None:
+    compose = load()
+    prometheus = compose["services"]["prometheus"]
+    config_path = "/etc/prometheus/prometheus.yml"
+    assert f"--config.file={config_path}" in prometheus["command"]
+    volumes = mounts(prometheus)
+    assert volumes[config_path] == "deploy/prometheus/prometheus.yml"
+    assert volumes["/etc/prometheus/rules"] == "deploy/prometheus"
+    config = yaml.safe_load((ROOT / volumes[config_path]).read_text())
+
+    # The rules of deploy/prometheus/*.rules.yml, not this configuration beside them.
+    (rule_glob,) = config["rule_files"]
+    directory, pattern = PurePosixPath(rule_glob).parent, PurePosixPath(rule_glob).name
+    assert str(directory) == "/etc/prometheus/rules"
+    assert fnmatch.fnmatch("seawall.rules.yml", pattern)
+    assert not fnmatch.fnmatch("prometheus.yml", pattern)
+
+    scraped: dict[str, int] = {}
+    for job in config["scrape_configs"]:
+        for sd in job.get("dns_sd_configs", []):
+            assert sd["type"] == "A"  # every replica, not one
+            scraped |= dict.fromkeys(sd["names"], sd["port"])
+    for name, service in seawall_services(compose).items():
+        env = environment(service)
+        port = env["SEAWALL_INGRESS_PORT"] if name == "ingress" else env["SEAWALL_METRICS_PORT"]
+        assert scraped.get(name) == int(port), name
+    assert set(scraped) <= set(compose["services"])
+
+    (alerting,) = config["alerting"]["alertmanagers"]
+    (target,) = alerting["static_configs"][0]["targets"]
+    host, port = target.split(":")
+    alertmanager = compose["services"][host]
+    assert f"127.0.0.1:{port}:{port}" in alertmanager["ports"]
+    assert mounts(alertmanager) == {
+        "/etc/alertmanager/alertmanager.yml": "deploy/alertmanager/alertmanager.yml"
+    }
+    assert "--config.file=/etc/alertmanager/alertmanager.yml" in alertmanager["command"]
+
+
+def test_grafana_is_provisioned_with_prometheus_and_the_dashboards() -> None:
+    compose = load()
+    grafana = compose["services"]["grafana"]
+    volumes = mounts(grafana)
+    assert volumes["/etc/grafana/provisioning"] == "deploy/grafana/provisioning"
+    provisioning = ROOT / volumes["/etc/grafana/provisioning"]
+    (source,) = yaml.safe_load((provisioning / "datasources/prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert source["type"] == "prometheus"
+    assert source["url"] == "http://prometheus:9090"
+    assert "prometheus" in compose["services"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards/seawall.yml").read_text())["providers"]
+    assert provider["type"] == "file"
+    dashboards = provider["options"]["path"]
+    assert volumes[dashboards] == "deploy/grafana/dashboards"
+
+
+def test_the_image_runs_as_a_user_and_leaves_the_command_to_each_service() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    instructions = [
+        line.split(None, 1)
+        for line in dockerfile.splitlines()
+        if line.strip() and not line.startswith((" ", "#"))
+    ]
+    keywords = [i[0] for i in instructions]
+    assert instructions[0] == ["FROM", "python:3.11-slim"]
+    assert "ENTRYPOINT" not in keywords
+    assert "CMD" not in keywords
+    (user,) = [i[1] for i in instructions if i[0] == "USER"]
+    uid = user.split(":")[0]
+    assert uid.isdigit()  # numeric: Kubernetes' runAsNonRoot checks it
+    assert int(uid) != 0
+    assert keywords.index("USER") == len(keywords) - 1
+    assert "pip install --no-cache-dir" in dockerfile
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    for path in (".venv", ".git", ".seawall", "bench/out", "**/__pycache__"):
+        assert path in ignored
+
+
+def test_the_interpolation_helper() -> None:
+    assert interpolate("${A:-x}/${B:-}/$${C}") == "x//${C}"
