@@ -165,6 +165,9 @@ class GpuStats(Message):
     gpu_index: int = Field(ge=0, le=1024)
     name: ShortText
     utilization_pct: Percent
+    memory_utilization_pct: Percent = 0.0
+    """Memory bandwidth in use: the share of the sample period memory was read or
+    written (NVML's memory utilization)."""
     memory_used_bytes: Count
     memory_total_bytes: Count
     temperature_c: float = Field(ge=-50, le=200)

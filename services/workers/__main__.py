@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from services.common.main import run_service
 from services.workers.engine.factory import build_engine
 from services.workers.engine.sim import SimulatedEngine
-from services.workers.gpu import open_gpu_probe
+from services.workers.gpu import CUDA_DEVICES, open_gpu_probe, visible_devices
 from services.workers.service import Worker
 from services.workers.settings import WorkerSettings
 
@@ -15,7 +16,9 @@ from services.workers.settings import WorkerSettings
 def build(settings: WorkerSettings) -> Worker:
     engine = build_engine(settings)
     fallback = (lambda: [engine.gpu_reading()]) if isinstance(engine, SimulatedEngine) else None
-    return Worker(settings, engine, open_gpu_probe(fallback))
+    named = settings.gpu_devices
+    devices = visible_devices(named if named is not None else os.environ.get(CUDA_DEVICES))
+    return Worker(settings, engine, open_gpu_probe(fallback, devices))
 
 
 def main() -> int:

@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+CUDA_DEVICES = "CUDA_VISIBLE_DEVICES"
+
 # Bit values of nvmlClocksEventReason* in nvml.h (the same bits as the deprecated
 # nvmlClocksThrottleReason*, which adds the last two).
 CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
@@ -80,17 +82,46 @@ def _clock_event_mask(handle: Any) -> int:
     return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
 
+def visible_devices(value: str | None) -> tuple[str, ...] | None:
+    """The GPUs a process may use, as ``CUDA_VISIBLE_DEVICES`` names them: ``None``
+    (unset) every GPU; else indices or UUIDs (``GPU-…``, ``MIG-…``), comma-separated, in
+    order. As CUDA does, the list ends at the first entry that is neither (``""`` or
+    ``-1``: no GPU at all)."""
+    if value is None:
+        return None
+    devices: list[str] = []
+    for entry in (e.strip() for e in value.split(",")):
+        if entry.isdigit() or entry.startswith(("GPU-", "MIG-")):
+            devices.append(entry)
+        else:
+            break
+    return tuple(devices)
+
+
 class NvmlProbe:
-    """Reads every GPU through NVML. Raises ``pynvml.NVMLError`` if NVML cannot start."""
+    """Reads this worker's GPUs through NVML: ``devices`` as ``visible_devices`` gives
+    them (``None``: every GPU of the host). On an 8-GPU host a worker of one GPU reads
+    that one, or a leak on it would be diluted in the others' mean. Raises
+    ``pynvml.NVMLError`` if NVML cannot start or a device is not found."""
 
     simulated = False
 
-    def __init__(self) -> None:
+    def __init__(self, devices: tuple[str, ...] | None = None) -> None:
         pynvml.nvmlInit()
         self._open = True
         try:
-            count = int(pynvml.nvmlDeviceGetCount())
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            if devices is None:
+                count = int(pynvml.nvmlDeviceGetCount())
+                handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            else:
+                handles = [
+                    pynvml.nvmlDeviceGetHandleByIndex(int(d))
+                    if d.isdigit()
+                    else pynvml.nvmlDeviceGetHandleByUUID(d)
+                    for d in devices
+                ]
+            # reported by NVML's own index (nvidia-smi's), whichever way it was named
+            self._handles = [(int(pynvml.nvmlDeviceGetIndex(h)), h) for h in handles]
         except pynvml.NVMLError:
             self.close()
             raise
@@ -98,7 +129,7 @@ class NvmlProbe:
     def sample(self) -> list[GpuReading]:
         if not self._open:
             raise GpuProbeError("the NVML probe is closed")
-        return [self._read(index, handle) for index, handle in enumerate(self._handles)]
+        return [self._read(index, handle) for index, handle in self._handles]
 
     def _read(self, index: int, handle: Any) -> GpuReading:
         try:
@@ -114,6 +145,7 @@ class NvmlProbe:
             index=index,
             name=name,
             utilization_pct=float(utilization.gpu),
+            memory_utilization_pct=float(utilization.memory),
             memory_used_bytes=int(memory.used),
             memory_total_bytes=int(memory.total),
             temperature_c=float(temperature),
@@ -187,10 +219,14 @@ class SimulatedGpuProbe:
         """Nothing to release."""
 
 
-def open_gpu_probe(fallback: Callable[[], list[GpuReading]] | None = None) -> GpuProbe:
-    """NVML when a driver answers, else the simulated probe (with the reason logged)."""
+def open_gpu_probe(
+    fallback: Callable[[], list[GpuReading]] | None = None,
+    devices: tuple[str, ...] | None = None,
+) -> GpuProbe:
+    """NVML for ``devices`` (``visible_devices``) when a driver answers, else the
+    simulated probe (with the reason logged)."""
     try:
-        return NvmlProbe()
+        return NvmlProbe(devices)
     except pynvml.NVMLError as exc:
         logger.info("NVML unavailable (%s): GPU readings are simulated", exc)
         return SimulatedGpuProbe(fallback)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.workers.engine.base import GpuReading
+from services.workers.gpu import CLOCK_EVENT_REASONS
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 8, 13, 20, 30, 60)
 
 IN_FLIGHT = Gauge("seawall_worker_in_flight_requests", "Requests the worker holds now", ["pool"])
@@ -51,5 +54,62 @@ ENGINE_WAITING = Gauge(
 )
 KV_USAGE = Gauge("seawall_engine_kv_cache_usage_ratio", "KV cache in use, 0-1", ["pool"])
 PREEMPTED = Gauge("seawall_engine_preemptions", "Preemptions since the engine started", ["pool"])
-GPU_MEMORY = Gauge("seawall_gpu_memory_used_bytes", "GPU memory in use", ["pool", "gpu"])
-GPU_TEMPERATURE = Gauge("seawall_gpu_temperature_celsius", "GPU temperature", ["pool", "gpu"])
+# GPU gauges, one series per GPU the worker reads (its own: ``gpu.visible_devices``),
+# named after the DCGM exporter's fields so dashboards map one to one.
+GPU_MEMORY = Gauge(
+    "seawall_gpu_memory_used_bytes", "GPU memory in use (DCGM FB_USED)", ["pool", "gpu"]
+)
+GPU_TEMPERATURE = Gauge(
+    "seawall_gpu_temperature_celsius", "GPU temperature (DCGM GPU_TEMP)", ["pool", "gpu"]
+)
+GPU_UTILIZATION = Gauge(
+    "seawall_gpu_utilization_ratio",
+    "Share of time a kernel ran (DCGM GPU_UTIL / 100)",
+    ["pool", "gpu"],
+)
+GPU_MEMORY_COPY = Gauge(
+    "seawall_gpu_memory_copy_utilization_ratio",
+    "Share of time memory was read or written: memory bandwidth in use (DCGM MEM_COPY_UTIL)",
+    ["pool", "gpu"],
+)
+GPU_POWER = Gauge("seawall_gpu_power_watts", "Power draw (DCGM POWER_USAGE)", ["pool", "gpu"])
+GPU_POWER_LIMIT = Gauge(
+    "seawall_gpu_enforced_power_limit_watts",
+    "The power cap in force (DCGM ENFORCED_POWER_LIMIT)",
+    ["pool", "gpu"],
+)
+GPU_PCIE = Gauge(
+    "seawall_gpu_pcie_bytes_per_second",
+    "PCIe throughput by direction, tx or rx (DCGM PCIE_TX/RX_BYTES)",
+    ["pool", "gpu", "direction"],
+)
+GPU_ECC = Gauge(
+    "seawall_gpu_ecc_errors",
+    "Volatile ECC error counts since the driver loaded, corrected or uncorrected "
+    "(DCGM ECC_SBE/DBE_VOL_TOTAL)",
+    ["pool", "gpu", "type"],
+)
+GPU_CLOCK_EVENT = Gauge(
+    "seawall_gpu_clock_event_active",
+    "1 while a reason holds the clocks down (power cap, thermal slowdown, ...), else 0 "
+    "(DCGM CLOCK_THROTTLE_REASONS, one series per reason)",
+    ["pool", "gpu", "reason"],
+)
+
+
+def export_gpu(pool: str, g: GpuReading) -> None:
+    """One GPU reading into the gauges."""
+    gpu = str(g.index)
+    GPU_MEMORY.labels(pool, gpu).set(g.memory_used_bytes)
+    GPU_TEMPERATURE.labels(pool, gpu).set(g.temperature_c)
+    GPU_UTILIZATION.labels(pool, gpu).set(g.utilization_pct / 100.0)
+    GPU_MEMORY_COPY.labels(pool, gpu).set(g.memory_utilization_pct / 100.0)
+    GPU_POWER.labels(pool, gpu).set(g.power_w)
+    GPU_POWER_LIMIT.labels(pool, gpu).set(g.power_limit_w)
+    GPU_PCIE.labels(pool, gpu, "tx").set(g.pcie_tx_kbps * 1000.0)
+    GPU_PCIE.labels(pool, gpu, "rx").set(g.pcie_rx_kbps * 1000.0)
+    GPU_ECC.labels(pool, gpu, "corrected").set(g.ecc_corrected)
+    GPU_ECC.labels(pool, gpu, "uncorrected").set(g.ecc_uncorrected)
+    active = set(g.clock_event_reasons)
+    for _, reason in CLOCK_EVENT_REASONS:
+        GPU_CLOCK_EVENT.labels(pool, gpu, reason).set(1 if reason in active else 0)

@@ -28,6 +28,7 @@ def gpu_stats(g: GpuReading, worker_id: str, pool: str, at: float) -> GpuStats:
         gpu_index=g.index,
         name=g.name[:512],
         utilization_pct=min(100.0, g.utilization_pct),
+        memory_utilization_pct=min(100.0, g.memory_utilization_pct),
         memory_used_bytes=g.memory_used_bytes,
         memory_total_bytes=g.memory_total_bytes,
         temperature_c=g.temperature_c,

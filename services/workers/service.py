@@ -841,8 +841,7 @@ class Worker(Component):
         )
         gpus = []
         for g in self.probe.sample():
-            m.GPU_MEMORY.labels(self.settings.pool, str(g.index)).set(g.memory_used_bytes)
-            m.GPU_TEMPERATURE.labels(self.settings.pool, str(g.index)).set(g.temperature_c)
+            m.export_gpu(self.settings.pool, g)
             gpus.append(gpu_stats(g, self.worker_id, self.settings.pool, now))
         await self._publish(
             self.topics.telemetry,

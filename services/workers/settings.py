@@ -56,6 +56,11 @@ class WorkerSettings(CommonSettings):
     preempted when KV blocks run out, as in vLLM V1."""
 
     # the simulated engine (a simulator of vLLM; see services/workers/engine/sim_core.py)
+    gpu_devices: str | None = None
+    """The GPUs this worker reads through NVML, as ``CUDA_VISIBLE_DEVICES`` names them
+    (indices or UUIDs); unset: ``CUDA_VISIBLE_DEVICES`` itself, and without it every GPU
+    of the host."""
+
     sim_model: str = "llama-2-7b"
     sim_gpu: str = "a100-80g"
     sim_time_scale: float = Field(default=1.0, gt=0, le=1000)

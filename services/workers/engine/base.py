@@ -126,4 +126,7 @@ class GpuReading:
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     clock_event_reasons: tuple[str, ...] = ()
+    memory_utilization_pct: float = 0.0
+    """Share of the last sample period the memory was read or written (NVML's memory
+    utilization, DCGM's ``DEV_MEM_COPY_UTIL``): how busy memory bandwidth is."""
     simulated: bool = False

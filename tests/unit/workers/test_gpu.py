@@ -16,6 +16,7 @@ from services.workers.gpu import (
     SimulatedGpuProbe,
     decode_clock_event_reasons,
     open_gpu_probe,
+    visible_devices,
 )
 
 pytestmark = pytest.mark.unit
@@ -112,11 +113,19 @@ def nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
         assert counter_type == pynvml.NVML_VOLATILE_ECC
         return 3 if error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else 1
 
+    def by_uuid(uuid: str) -> FakeDevice:
+        for i, device in enumerate(devices):
+            if uuid == f"GPU-{i:04d}":
+                return device
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
     patches: dict[str, Any] = {
         "nvmlInit": init,
         "nvmlShutdown": shutdown,
         "nvmlDeviceGetCount": lambda: len(devices),
         "nvmlDeviceGetHandleByIndex": lambda i: devices[i],
+        "nvmlDeviceGetHandleByUUID": by_uuid,
+        "nvmlDeviceGetIndex": lambda d: devices.index(d),
         "nvmlDeviceGetName": optional("name", lambda d: "NVIDIA H100 80GB HBM3"),
         "nvmlDeviceGetUtilizationRates": optional(
             "utilization", lambda d: SimpleNamespace(gpu=87, memory=40)
@@ -158,6 +167,7 @@ def test_nvml_reading_converts_units(nvml: FakeNvml) -> None:
         ecc_corrected=3,
         ecc_uncorrected=1,
         clock_event_reasons=("sw_power_cap", "hw_thermal_slowdown"),
+        memory_utilization_pct=40.0,
         simulated=False,
     )
     assert second.index == 1
@@ -261,3 +271,73 @@ def test_simulated_probe_relabels_readings() -> None:
     (reading,) = probe.sample()
     assert reading.simulated
     assert reading.name == "NVIDIA A100-SXM4-80GB"
+
+
+@pytest.mark.parametrize(
+    ("value", "devices"),
+    [
+        (None, None),  # unset: every GPU
+        ("", ()),  # set and empty: none
+        ("-1", ()),
+        ("3", ("3",)),
+        ("2, 0", ("2", "0")),
+        ("1,x,2", ("1",)),  # CUDA stops at the first entry that is not a device
+        ("GPU-8a1b,MIG-3c", ("GPU-8a1b", "MIG-3c")),
+    ],
+)
+def test_visible_devices_reads_cuda_visible_devices_as_cuda_does(
+    value: str | None, devices: tuple[str, ...] | None
+) -> None:
+    assert visible_devices(value) == devices
+
+
+def test_a_worker_reads_only_its_own_gpus(nvml: FakeNvml) -> None:
+    """On a host of four GPUs, a worker given GPU 2 (by index) or GPU 3 (by UUID) reads
+    that one, reported by NVML's own index; without a list it reads them all."""
+    nvml.devices.extend([FakeDevice(), FakeDevice()])
+    assert [r.index for r in NvmlProbe().sample()] == [0, 1, 2, 3]
+    assert [r.index for r in NvmlProbe(("2",)).sample()] == [2]
+    assert [r.index for r in NvmlProbe(("GPU-0003", "0")).sample()] == [3, 0]
+    assert NvmlProbe(()).sample() == []
+
+
+def test_a_device_that_does_not_exist_is_an_nvml_error(nvml: FakeNvml) -> None:
+    with pytest.raises(pynvml.NVMLError):
+        NvmlProbe(("GPU-ffff",))
+    assert nvml.calls["shutdown"] == nvml.calls["init"]  # closed on the way out
+
+
+def test_a_reading_is_exported_with_dcgm_like_names() -> None:
+    from prometheus_client import REGISTRY
+
+    from services.workers.metrics import export_gpu
+
+    reading = GpuReading(
+        index=5,
+        name="H100",
+        utilization_pct=87.0,
+        memory_used_bytes=60,
+        memory_total_bytes=80,
+        temperature_c=71.0,
+        power_w=612.5,
+        power_limit_w=700.0,
+        pcie_tx_kbps=1500.0,
+        pcie_rx_kbps=700.0,
+        ecc_corrected=3,
+        ecc_uncorrected=1,
+        clock_event_reasons=("sw_power_cap",),
+        memory_utilization_pct=40.0,
+    )
+    export_gpu("test-pool", reading)
+
+    def value(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"pool": "test-pool", "gpu": "5", **labels})
+
+    assert value("seawall_gpu_utilization_ratio") == 0.87
+    assert value("seawall_gpu_memory_copy_utilization_ratio") == 0.40
+    assert value("seawall_gpu_power_watts") == 612.5
+    assert value("seawall_gpu_enforced_power_limit_watts") == 700.0
+    assert value("seawall_gpu_pcie_bytes_per_second", direction="tx") == 1_500_000.0
+    assert value("seawall_gpu_ecc_errors", type="uncorrected") == 1
+    assert value("seawall_gpu_clock_event_active", reason="sw_power_cap") == 1
+    assert value("seawall_gpu_clock_event_active", reason="hw_thermal_slowdown") == 0
