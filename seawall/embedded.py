@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 import redis
 
 from seawall.procs import ChildProcess
+from services.common.redisclient import cluster_node_url
 
 
 class StackError(RuntimeError):
@@ -80,6 +81,8 @@ def broker_process(
 
 
 def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether the Redis at ``url`` answers (for a cluster URL, the node it names)."""
+    url = cluster_node_url(url) or url
     client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         return bool(client.ping())

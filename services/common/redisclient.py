@@ -7,11 +7,17 @@
 - Connect and socket timeouts of ``redis_timeout_s``: a Redis that stops answering
   costs a caller that long, then counts as unavailable (``failures.is_infrastructure``).
 - One immediate retry, for a pooled connection that a Redis restart closed.
+- A Redis Cluster when the URL says so: ``redis+cluster://host:port`` (or
+  ``rediss+cluster://``), any node of it. Every key a script or a transaction touches
+  together carries one hash tag (``topics.RedisKeys``), and batches of independent
+  calls are split by slot (``admission.quota``, ``exists_each``), so the same code runs
+  on one server and on a cluster.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -20,8 +26,28 @@ from redis.backoff import NoBackoff
 
 from services.common.settings import CommonSettings
 
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def cluster_node_url(url: str) -> str | None:
+    """For a cluster URL, the plain URL of the node it names (``None``: not a cluster)."""
+    scheme, sep, rest = url.partition("://")
+    plain = CLUSTER_SCHEMES.get(scheme.lower()) if sep else None
+    return None if plain is None else f"{plain}://{rest}"
+
 
 def make_redis(settings: CommonSettings) -> aioredis.Redis:
+    node = cluster_node_url(settings.redis_url)
+    if node is not None:
+        cluster = RedisCluster.from_url(
+            node,
+            max_connections=settings.redis_max_connections,
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_timeout_s,
+            retry=Retry(NoBackoff(), 1),
+        )
+        # The same commands under another class: callers use what both implement.
+        return cast(aioredis.Redis, cluster)
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url,
         max_connections=settings.redis_max_connections,

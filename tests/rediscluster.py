@@ -1,0 +1,89 @@
+"""A real Redis Cluster of three primaries from the ``redis-server`` (or bundled
+``valkey-server``) binary: the slots split in three, the nodes introduced to each other,
+and the cluster's state ``ok`` before it is used."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from seawall import embedded
+
+SLOTS = 16384
+
+
+def cluster_command(client: redis.Redis, *args: object) -> Any:
+    return client.execute_command("CLUSTER", *args)  # type: ignore[no-untyped-call]
+
+
+@contextmanager
+def redis_cluster(work: Path, nodes: int = 3) -> Iterator[list[int]]:
+    """Start the cluster; yield its nodes' ports; stop it (every process) at the end."""
+    binary = embedded.redis_binary()
+    assert binary is not None, "no redis-server or bundled valkey-server"
+    ports = [embedded.free_port() for _ in range(nodes)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for port in ports:
+            data = work / f"node-{port}"
+            data.mkdir(parents=True)
+            procs.append(
+                subprocess.Popen(
+                    [
+                        binary,
+                        "--bind",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        str(data / "nodes.conf"),
+                        "--cluster-node-timeout",
+                        "5000",
+                        "--dir",
+                        str(data),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ],
+                    stdout=(data / "log").open("wb"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        clients = [redis.Redis(host="127.0.0.1", port=p, socket_timeout=2) for p in ports]
+        deadline = time.monotonic() + 15
+        for client in clients:
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    assert time.monotonic() < deadline, "a cluster node did not start"
+                    time.sleep(0.05)
+        share = SLOTS // nodes
+        for i, client in enumerate(clients):
+            last = SLOTS - 1 if i == nodes - 1 else (i + 1) * share - 1
+            cluster_command(client, "ADDSLOTSRANGE", i * share, last)
+        for port in ports[1:]:
+            cluster_command(clients[0], "MEET", "127.0.0.1", port)
+        deadline = time.monotonic() + 30
+        for client in clients:
+            while b"cluster_state:ok" not in cluster_command(client, "INFO"):
+                assert time.monotonic() < deadline, "the cluster did not reach state ok"
+                time.sleep(0.1)
+        for client in clients:
+            client.close()
+        yield ports
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
