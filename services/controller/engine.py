@@ -85,6 +85,7 @@ from services.controller.policy import (
 from services.controller.policy import Evidence as PolicyEvidence
 from services.controller.policy.breaker import HEARTBEAT, LATENCY_ROW
 from services.controller.policy.canary import Arm
+from services.controller.policy.freshness import WorkerClock
 from services.controller.policy.prompts import LongPromptAlert
 
 MAX_SECONDS = 86_400.0
@@ -255,6 +256,9 @@ class WorkerRecord(Wire):
     """Its engine's ``max_num_seqs`` (``None``: not known yet)."""
     events: tuple[ControlEvent, ...] = ()
     """The worker's decisions in force, as last published."""
+    clock_anchor: tuple[float, float] | None = None
+    """Its reports' freshness anchor (``policy.freshness``): the worker's ``at`` and the
+    controller's time it was read."""
 
 
 @dataclass(frozen=True)
@@ -374,6 +378,8 @@ class _Worker:
         self.max_num_seqs: int | None = None
         self.lost_since: float | None = None
         self.preempted_total: int | None = None
+        self.clock = WorkerClock(config.max_telemetry_age_s)
+        """Whether its reports are current (``policy.freshness``: no clock compared)."""
         self.incarnation: str | None = None
         """The process last heard from under this id (its heartbeats say)."""
         self.memory_reserved: float | None = None
@@ -443,6 +449,8 @@ class PoolEngine:
                 saved.worker_id, self.config
             )
             worker.max_num_seqs = saved.max_num_seqs
+            if saved.clock_anchor is not None:
+                worker.clock.anchor_at, worker.clock.anchor_now = saved.clock_anchor
         events = [*record.events, *(e for w in workers for e in w.events)]
         for event in events:
             if self._seed(event, record.degradation_triggered, now):
@@ -509,6 +517,7 @@ class PoolEngine:
                     seq=self._seq,
                     max_num_seqs=worker.max_num_seqs,
                     events=self._events_of(scope),
+                    clock_anchor=worker.clock.anchor,
                 )
             )
         return Records(pool, workers)
@@ -563,7 +572,8 @@ class PoolEngine:
     # -- telemetry -------------------------------------------------------------
     def observe(self, event: TelemetryEvent, now: float) -> Output:
         now = self._advance(now)
-        if event.at < now - self.config.max_telemetry_age_s:
+        known = self._workers.get(f"worker:{event.worker_id}")
+        if known is not None and not self._current(known, event.at, now):
             return Output(stale=True)
         heartbeat = event.heartbeat if isinstance(event, WorkerReport) else event
         if isinstance(heartbeat, WorkerHeartbeat) and heartbeat.status == "stopped":
@@ -571,6 +581,8 @@ class PoolEngine:
             return self._output()
         incarnation = heartbeat.incarnation if isinstance(heartbeat, WorkerHeartbeat) else None
         worker = self._worker(event.worker_id, now, incarnation)
+        if known is None:
+            self._current(worker, event.at, now)  # its first report anchors its clock
         self._observed.add(worker.scope)
         if isinstance(event, WorkerReport):
             for part in event.parts():
@@ -660,6 +672,15 @@ class PoolEngine:
         )
         self._issue_batch(worker, evidence, None if previous is None else str(previous), now)
         return batch
+
+    def _current(self, worker: _Worker, at: float, now: float) -> bool:
+        """Whether a report of the worker is current; a moved anchor is persisted with
+        the worker's record (a restarted controller judges its backlog by it)."""
+        before = worker.clock.anchor_at, worker.clock.anchor_now
+        current = worker.clock.current(at, now)
+        if (worker.clock.anchor_at, worker.clock.anchor_now) != before:
+            self._dirty.add(worker.scope)
+        return current
 
     def _worker(self, worker_id: str, now: float, incarnation: str | None = None) -> _Worker:
         """The worker, first seen now unless known (``incarnation``: its heartbeat's, if

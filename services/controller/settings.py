@@ -45,8 +45,9 @@ class ControllerSettings(CommonSettings):
     """A worker lost this long leaves the fleet: its decisions are no longer re-published
     (consumers drop them once ``valid_for_s`` has passed)."""
     controller_max_telemetry_age_s: float = Field(default=30.0, gt=0, le=86_400)
-    """Telemetry older than this when read is skipped (a backlog after downtime must not
-    be counted as what happens now)."""
+    """A worker's report read this much later than its least delayed one is skipped (a
+    backlog after downtime must not be counted as what happens now); judged without
+    comparing the worker's clock with the controller's (``policy.freshness``)."""
     controller_batch_sla_ms: float = Field(default=1500.0, gt=0, le=600_000)
     controller_ttft_slo_ms: float | None = Field(default=None, gt=0, le=600_000)
     """The batch controller shrinks a worker's limit while its time-to-first-token EWMA

@@ -486,12 +486,38 @@ def test_a_decision_in_force_for_a_day_is_issued_afresh() -> None:
     assert all(e.issued_at == fleet.now and e.valid_for_s == 60.0 for e in out.republished)
 
 
-def test_telemetry_older_than_the_max_age_is_skipped() -> None:
+def test_a_worker_whose_clock_is_an_hour_off_is_heard() -> None:
+    """No comparison of the worker's clock with the controller's: a worker an hour
+    behind is heard like any other (its reports are current as they come)."""
     fleet = Fleet()
-    out = fleet.feed(heartbeat("w1", T0 - 31.0))
-    assert out.stale
-    assert out.changes == ()
-    assert fleet.engine.breakers() == {"pool:main": fleet.engine.breakers()["pool:main"]}
+    for _ in range(5):
+        out = fleet.feed(heartbeat("w1", fleet.now - 3600.0))
+        assert not out.stale
+        fleet.tick(1.0)
+    assert "worker:w1" in fleet.engine.breakers()
+
+
+def test_a_backlog_read_after_a_controller_restart_is_skipped_then_live_reports_count() -> None:
+    """The controller goes down for two minutes; the engine that restarts from the
+    records reads the backlog it left (stale: more than 30 s later than the worker's
+    least delayed report, by the anchor in the worker's record), then live reports."""
+    skew = 500.0  # the worker's clock, ahead: it changes nothing
+    fleet = Fleet()
+    for _ in range(5):
+        fleet.feed(heartbeat("w1", fleet.now + skew))
+        fleet.tick(1.0)
+    records = fleet.engine.records()
+    saved = records.workers["w1"]
+    assert saved is not None
+    assert saved.clock_anchor is not None
+    back = Fleet(records=records, now=fleet.now + 120.0)
+    written = fleet.now
+    # written in the minute after the controller stopped, read two minutes on: stale
+    assert all(back.feed(heartbeat("w1", written + k + skew)).stale for k in range(60))
+    # written 20 s before it is read: current (within 30 s of the anchor's delay)
+    assert not back.feed(heartbeat("w1", back.now - 20.0 + skew)).stale
+    back.now += 1.0
+    assert not back.feed(heartbeat("w1", back.now + skew)).stale
 
 
 def test_heartbeat_loss_isolates_a_worker_until_it_beats_and_passes_its_probes() -> None:
