@@ -28,6 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+from importlib.metadata import version
 
 import anyio
 from aiokafka.errors import KafkaError
@@ -47,6 +48,7 @@ from services.ingress import metrics as m
 from services.ingress import openai as oai
 from services.ingress.filters.body import check_declared_length
 from services.ingress.filters.geo import client_address
+from services.ingress.openapi import openapi_document
 from services.ingress.pipeline import Gate, Principal, Refusal, body_too_large, invalid
 
 log = logging.getLogger(__name__)
@@ -217,6 +219,12 @@ def create_app(
     async def health() -> Response:
         ok = ready()
         return JSONResponse({"status": "ok" if ok else "unavailable"}, 200 if ok else 503)
+
+    document = openapi_document(version("seawall"))
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return JSONResponse(document)
 
     @app.get("/metrics")
     async def metrics() -> Response:
