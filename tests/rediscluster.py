@@ -22,52 +22,66 @@ def cluster_command(client: redis.Redis, *args: object) -> Any:
     return client.execute_command("CLUSTER", *args)  # type: ignore[no-untyped-call]
 
 
+def _node(binary: str, work: Path, timeout_s: float = 15.0) -> tuple[int, subprocess.Popen[bytes]]:
+    """One cluster-enabled server on a free port, answering (or exited: its port was
+    taken between choosing it and binding it)."""
+    port = embedded.free_port()
+    data = work / f"node-{port}"
+    data.mkdir(parents=True)
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            str(data / "nodes.conf"),
+            "--cluster-node-timeout",
+            "5000",
+            "--dir",
+            str(data),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=(data / "log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                log = (data / "log").read_text(errors="replace")[-2000:]
+                assert time.monotonic() < deadline, f"a cluster node did not start:\n{log}"
+                time.sleep(0.05)
+    finally:
+        client.close()
+    return port, proc
+
+
 @contextmanager
 def redis_cluster(work: Path, nodes: int = 3) -> Iterator[list[int]]:
     """Start the cluster; yield its nodes' ports; stop it (every process) at the end."""
     binary = embedded.redis_binary()
     assert binary is not None, "no redis-server or bundled valkey-server"
-    ports = [embedded.free_port() for _ in range(nodes)]
+    ports: list[int] = []
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for port in ports:
-            data = work / f"node-{port}"
-            data.mkdir(parents=True)
-            procs.append(
-                subprocess.Popen(
-                    [
-                        binary,
-                        "--bind",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        str(data / "nodes.conf"),
-                        "--cluster-node-timeout",
-                        "5000",
-                        "--dir",
-                        str(data),
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                    ],
-                    stdout=(data / "log").open("wb"),
-                    stderr=subprocess.STDOUT,
-                )
-            )
+        while len(ports) < nodes:
+            assert len(procs) < nodes + 3, f"cluster nodes keep exiting (logs under {work})"
+            port, proc = _node(binary, work)
+            procs.append(proc)
+            if proc.poll() is None:  # up (a port another process took meanwhile: again)
+                ports.append(port)
         clients = [redis.Redis(host="127.0.0.1", port=p, socket_timeout=2) for p in ports]
-        deadline = time.monotonic() + 15
-        for client in clients:
-            while True:
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    assert time.monotonic() < deadline, "a cluster node did not start"
-                    time.sleep(0.05)
         share = SLOTS // nodes
         for i, client in enumerate(clients):
             last = SLOTS - 1 if i == nodes - 1 else (i + 1) * share - 1
