@@ -185,6 +185,22 @@ class QuotaOverride(_Control):
     expires_at: Timestamp | None = None
 
 
+class Profile(_Control):
+    """Profiling one worker (``seawall profile``), scope ``worker:<id>``: an operator's
+    request (``requested``), then the worker's own answers on the same key — ``running``,
+    and ``written`` with where the trace is, or ``failed`` with why (the evidence's
+    reason). ``request`` is the ``seq`` of the operator's request throughout."""
+
+    kind: Literal["profile"] = "profile"
+    worker_id: Ident
+    request: int = Field(ge=0, le=2**62)
+    seconds: float = Field(gt=0, le=600)
+    status: Literal["requested", "running", "written", "failed"]
+    path: ShortText | None = None
+    """``written``: the trace (a ``pstats`` file for the simulated engine's ``cProfile``,
+    vLLM's torch profiler directory for vLLM)."""
+
+
 ControlEvent = Annotated[
     BreakerState
     | DegradationLevel
@@ -192,6 +208,7 @@ ControlEvent = Annotated[
     | TrafficSplit
     | CanaryRelease
     | RegionThrottle
-    | QuotaOverride,
+    | QuotaOverride
+    | Profile,
     Field(discriminator="kind"),
 ]

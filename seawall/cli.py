@@ -417,6 +417,40 @@ def replay(
             typer.echo(f"plot: {plot}")
 
 
+@app.command()
+def profile(
+    worker: Annotated[str, typer.Option(help="The worker's instance id (seawall status).")],
+    seconds: Annotated[float, typer.Option(min=0.1, max=600, help="How long to profile.")] = 10,
+    reason: Reason = None,
+) -> None:
+    """Profile one worker's engine for a while and print where the trace is."""
+    import asyncio
+
+    from schemas import Profile
+    from seawall import steer
+    from services.common.settings import CommonSettings
+
+    made: list[ControlEvent] = []
+
+    def request(why: str, issuer: str, now: float) -> ControlEvent:
+        made.append(
+            steer.profile_request(worker, seconds=seconds, reason=why, issuer=issuer, now=now)
+        )
+        return made[0]
+
+    _steer(request, reason, "profile requested")
+    asked = made[0]
+    assert isinstance(asked, Profile)
+    done = asyncio.run(steer.await_profile(CommonSettings(), asked, seconds + 60))
+    if done is None:
+        typer.echo(f"no answer from worker {worker} (is it running?)", err=True)
+        raise typer.Exit(1)
+    if done.status == "failed":
+        typer.echo(f"worker {worker} could not profile: {done.evidence.reason}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"profile of {worker}: {done.path}")
+
+
 @app.command("export-schemas")
 def export_schemas(
     check: Annotated[

@@ -29,6 +29,7 @@ from schemas import (
     ControlEvent,
     DegradationLevel,
     Evidence,
+    Profile,
     QuotaOverride,
     RegionThrottle,
     TrafficSplit,
@@ -88,6 +89,9 @@ def describe(event: ControlEvent) -> str:
             f"pool {event.pool}: {event.action} canary {event.version} (release "
             f"{event.release}, steps {steps} %, hold {_number(event.hold_s)} s)"
         )
+    if isinstance(event, Profile):
+        where = f": {event.path}" if event.path else ""
+        return f"profile {event.worker_id} for {_number(event.seconds)} s {event.status}{where}"
     if isinstance(event, RegionThrottle):
         if event.rate_per_s is None:
             return f"region {event.region}: lifted"

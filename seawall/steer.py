@@ -23,11 +23,19 @@ from __future__ import annotations
 import asyncio
 import getpass
 import re
+import time
 from typing import Any
 
 from aiokafka import TopicPartition
 
-from schemas import CanaryRelease, ControlEvent, Evidence, QuotaOverride, RegionThrottle
+from schemas import (
+    CanaryRelease,
+    ControlEvent,
+    Evidence,
+    Profile,
+    QuotaOverride,
+    RegionThrottle,
+)
 from services.common.bus import ensure_topics, make_consumer, make_producer, topics_of
 from services.common.control import ControlState
 from services.common.serde import CONTROL, DecodeError, decode, encode
@@ -217,6 +225,43 @@ async def read_control(settings: CommonSettings, timeout_s: float = 10.0) -> Con
     finally:
         await consumer.stop()
     return state
+
+
+PROFILE_VALID_S = 60.0
+"""How long a profiling request may wait for its worker (then it is not run)."""
+
+
+def profile_request(
+    worker_id: str, *, seconds: float, reason: str, issuer: str, now: float
+) -> Profile:
+    """Ask one worker to profile itself for ``seconds``."""
+    header = _header(f"worker:{worker_id}", issuer, now, PROFILE_VALID_S, reason)
+    return Profile(
+        **header,
+        worker_id=worker_id,
+        request=header["seq"],
+        seconds=seconds,
+        status="requested",
+    )
+
+
+async def await_profile(
+    settings: CommonSettings, request: Profile, timeout_s: float
+) -> Profile | None:
+    """The worker's final answer to ``request`` (``written`` or ``failed``), read from
+    the control topic; ``None`` if none came within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = await read_control(settings)
+        latest = state.get(Profile, request.scope)
+        if (
+            latest is not None
+            and latest.request == request.request
+            and latest.status in ("written", "failed")
+        ):
+            return latest
+        await asyncio.sleep(1.0)
+    return None
 
 
 async def create_canary_topic(settings: CommonSettings, pool: str, version: str) -> None:

@@ -58,6 +58,7 @@ from schemas import (
     DispatchedRequest,
     EngineStats,
     InferenceReply,
+    Profile,
     ReasonCode,
     ReplyChunk,
     ReplyStatus,
@@ -86,6 +87,7 @@ from services.workers.claims import Busy, Claimed, Claims, Done, Held
 from services.workers.engine.base import Engine, EngineError, EngineRequest, RequestRefused
 from services.workers.engine.validate import validate_limits
 from services.workers.gpu import GpuProbe
+from services.workers.profiling import Profiles, answer
 from services.workers.reports import gpu_stats, limits_info
 from services.workers.settings import WorkerSettings
 from services.workers.summary import RequestSummarizer
@@ -213,6 +215,7 @@ class Worker(Component):
         self.batch_limit = settings.batch_limit
         self.started_at = clock.time()
         self.incarnation = uuid.uuid4().hex[:16]
+        self.profiles = Profiles(self.worker_id)
         """This process: an emergency restart names it (``WorkerHeartbeat``)."""
         self.completed_total = 0
         """Requests finished so far (``RequestCompleted.seq``, reports'
@@ -311,6 +314,8 @@ class Worker(Component):
     def _on_control(self, event: ControlEvent) -> None:
         """A decision changed or expired: apply what is in force now (level-triggered)."""
         scope = f"worker:{self.worker_id}"
+        if isinstance(event, Profile) and self.profiles.take(event, self.clock.time()):
+            self.spawn(self._profile(event), f"profile:{event.request}")
         if isinstance(event, BatchLimit) and event.scope == scope:
             current = self.control.get(BatchLimit, scope)
             self.set_batch_limit(self.settings.batch_limit if current is None else current.limit)
@@ -333,6 +338,32 @@ class Worker(Component):
                 )
                 self.failure = RuntimeError("emergency restart ordered by the controller")
                 self.failed.set()
+
+    async def _profile(self, request: Profile) -> None:
+        """Run the engine's profiler as ``request`` asks; answer on the control topic."""
+        self.profiles.running = True
+        try:
+            await self._answer(answer(request, "running", "profiling"))
+            name = f"{self.worker_id}-{request.request}.prof"
+            try:
+                where = await self.engine.profile(request.seconds, self.settings.profile_dir / name)
+            except Exception as e:  # the profiler's failure is the answer, never the worker's
+                log.warning("profiling failed", extra={"error": repr(e)[:200]})
+                await self._answer(answer(request, "failed", f"{type(e).__name__}: {e}"))
+                return
+            log.info("profile written", extra={"path": where})
+            await self._answer(answer(request, "written", "profile written", where))
+        finally:
+            self.profiles.running = False
+
+    async def _answer(self, event: Profile) -> None:
+        await retry_unavailable(
+            lambda: self._producer.send_and_wait(
+                self.topics.control, encode(event), key=event.control_key.encode()
+            ),
+            Backoff(),
+            "worker-profile",
+        )
 
     def set_batch_limit(self, limit: int) -> None:
         new = max(1, min(limit, self.engine.limits.max_num_seqs))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -56,6 +58,8 @@ class WorkerSettings(CommonSettings):
     preempted when KV blocks run out, as in vLLM V1."""
 
     # the simulated engine (a simulator of vLLM; see services/workers/engine/sim_core.py)
+    profile_dir: Path = Path(tempfile.gettempdir()) / "seawall-profiles"
+    """Where ``seawall profile`` writes this worker's traces (``cProfile``'s ``pstats``)."""
     gpu_devices: str | None = None
     """The GPUs this worker reads through NVML, as ``CUDA_VISIBLE_DEVICES`` names them
     (indices or UUIDs); unset: ``CUDA_VISIBLE_DEVICES`` itself, and without it every GPU

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -107,6 +108,11 @@ class Engine(Protocol):
 
     @property
     def limits(self) -> EngineLimits: ...
+
+    async def profile(self, seconds: float, path: Path) -> str:
+        """Profile the engine for ``seconds`` (``path``: where a trace of the worker's
+        own may go); where the trace is."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import httpx
@@ -283,6 +284,19 @@ class OpenAIHttpEngine:
         """Close the request's stream; ``generate`` then ends with an ``abort`` output."""
         if (pump := self._streams.get(request_id)) is not None:
             pump.cancel()
+
+    async def profile(self, seconds: float, path: Path) -> str:
+        """The server's profiler (vLLM's ``/start_profile`` and ``/stop_profile``, served
+        when it runs with ``VLLM_TORCH_PROFILER_DIR``): the trace is on the server."""
+        client = self._client
+        if client is None:
+            raise EngineError("the engine is not started")
+        (await client.post("/start_profile")).raise_for_status()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            (await client.post("/stop_profile")).raise_for_status()
+        return f"{self._config.base_url}: the server's VLLM_TORCH_PROFILER_DIR"
 
     def snapshot(self) -> EngineSnapshot:
         metrics = self._metrics

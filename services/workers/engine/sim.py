@@ -27,6 +27,7 @@ import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final
 
 from services.common.tokenizer import count_tokens
@@ -40,6 +41,7 @@ from services.workers.engine.base import (
     RequestRefused,
 )
 from services.workers.engine.sim_core import SimConfig, SimCore, StepResult
+from services.workers.profiling import cprofile_for
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +160,11 @@ class SimulatedEngine:
                     completion_tokens=stream.completion_tokens,
                 )
             )
+
+    async def profile(self, seconds: float, path: Path) -> str:
+        """``cProfile`` of the worker's event loop: the simulated engine runs in it, so
+        the trace shows where the worker's own time goes."""
+        return await cprofile_for(seconds, path)
 
     def snapshot(self) -> EngineSnapshot:
         """Raises :class:`EngineError` once the simulated engine has crashed."""

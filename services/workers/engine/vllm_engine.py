@@ -14,9 +14,12 @@ request's ``generate`` stream end with a final output whose finish reason is ``a
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from services.workers.engine.base import (
@@ -220,6 +223,20 @@ class VllmEngine:
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:
             await self._llm.abort(request_id)
+
+    async def profile(self, seconds: float, path: Path) -> str:
+        """vLLM's torch profiler (``AsyncLLM.start_profile``/``stop_profile``): it writes
+        to ``VLLM_TORCH_PROFILER_DIR``, which must be set when the engine starts."""
+        llm = self._started()
+        where = os.environ.get("VLLM_TORCH_PROFILER_DIR")
+        if not where:
+            raise EngineError("vLLM profiles only with VLLM_TORCH_PROFILER_DIR set at start")
+        await llm.start_profile()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            await llm.stop_profile()
+        return where
 
     def snapshot(self) -> EngineSnapshot:
         stats = self._stats
