@@ -418,6 +418,33 @@ def replay(
 
 
 @app.command()
+def report(
+    recording: Annotated[Path, typer.Argument(help="A file of seawall record.")],
+    out: Annotated[Path, typer.Option(help="The directory for report.md and its plots.")],
+    window: Annotated[float, typer.Option(min=1, help="Seconds per window.")] = 10.0,
+    slo: Annotated[
+        list[str] | None,
+        typer.Option(help="A class's latency SLO in ms, CLASS=MS (repeatable), e.g. vip=1500."),
+    ] = None,
+) -> None:
+    """Write the post-incident report of a recording: a summary, then the plots."""
+    from seawall.recording import read_recording
+    from seawall.report import analyse, write_report
+
+    slo_ms: dict[str, float] = {}
+    for item in slo or []:
+        cls, eq, value = item.partition("=")
+        try:
+            slo_ms[cls.strip()] = float(value)
+        except ValueError:
+            eq = ""
+        if not eq:
+            raise typer.BadParameter(f"--slo takes CLASS=MS, got {item!r}")
+    path = write_report(analyse(read_recording(recording), window, slo_ms), out)
+    typer.echo(f"report: {path}")
+
+
+@app.command()
 def profile(
     worker: Annotated[str, typer.Option(help="The worker's instance id (seawall status).")],
     seconds: Annotated[float, typer.Option(min=0.1, max=600, help="How long to profile.")] = 10,

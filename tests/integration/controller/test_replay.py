@@ -106,3 +106,29 @@ async def test_a_recorded_run_replays_to_the_same_decisions_and_differs_where_ch
     assert "latency" in text
     assert "went through the same states" in text
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+    report_dir = tmp_path / "report"
+    out = seawall(settings, "report", str(path), "--out", str(report_dir), "--window", "2")
+    assert "report.md" in out
+    text = (report_dir / "report.md").read_text()
+    for section in (
+        "## Summary",
+        "### SLO attainment and goodput per class",
+        "### The first minute after each breaker trip",
+        "### Degradation coverage",
+        "### Correlation of each signal with P99 latency",
+        "## Latency by class, with the decisions",
+        "## Preempted/running ratio against latency",
+        "## Token rates",
+        "## Head-of-line blocking index",
+        "## Which signals moved with latency",
+    ):
+        assert section in text, section
+    for plot in ("latency", "preemption", "tokens", "hol", "correlation"):
+        assert (report_dir / f"{plot}.png").stat().st_size > 5000
+    # the numbers are the recording's: every request, the failed ones, the trips
+    failed = sum(1 for c in completions if getattr(c, "error", None))
+    assert f"| requests finished | {len(completions)} ({failed} failed) |" in text
+    assert "| breaker trips | 0 |" not in text
+    assert "requests per kWh" in text
+    assert "(simulated GPU power)" in text  # the simulated engine's power, labelled
