@@ -18,13 +18,15 @@ from services.common.topics import Topics
 from tests.fleet import until
 
 
-def seawall(settings: CommonSettings, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
-    env |= {
+def seawall(settings: CommonSettings, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run a seawall command on the test's broker and topics (``env``: more settings)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
+    env = base | {
         "SEAWALL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "SEAWALL_KAFKA_IDEMPOTENCE": str(settings.kafka_idempotence).lower(),
         "SEAWALL_TOPIC_PREFIX": settings.topic_prefix,
         "USER": "test-operator",
+        **(env or {}),
     }
     done = subprocess.run(
         [sys.executable, "-m", "seawall.cli", *args],

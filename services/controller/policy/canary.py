@@ -165,17 +165,11 @@ class CanaryJudge:
         if canary.workers == 0:
             if waited < cfg.check_timeout_s:
                 return None
-            new = replace(status, phase="rolled_back", since=now)
-            return self._decision(
+            return self._rollback(
                 status,
-                new,
+                f"no worker of the canary reported within {cfg.check_timeout_s:g} s",
                 now,
-                Evidence(
-                    reason=f"no worker of the canary reported within {cfg.check_timeout_s:g} s",
-                    metrics=metrics,
-                    thresholds={"waited_s": cfg.check_timeout_s},
-                    hold_s=waited,
-                ),
+                thresholds={"waited_s": cfg.check_timeout_s},
             )
         if waited < cfg.check_s:
             return None

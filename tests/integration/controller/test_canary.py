@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -69,6 +70,11 @@ async def traffic(
             await task
 
 
+def reached(control: Any, phase: str) -> Callable[[], bool]:
+    """Whether the pool's split has been in ``phase`` (for ``until``)."""
+    return lambda: any(isinstance(e, TrafficSplit) and e.phase == phase for e in control.of(KEY))
+
+
 def phases(events: list[object]) -> list[tuple[str | None, int]]:
     """The split's (phase, step) changes, in order, without repetitions."""
     out: list[tuple[str | None, int]] = []
@@ -109,17 +115,11 @@ async def test_a_worse_canary_is_rolled_back_with_evidence_and_an_alert_until_ab
             "v2 to 10 %",
         )
         assert "canary/pool:main" in out
-        rolled_back = lambda: any(  # noqa: E731
-            isinstance(e, TrafficSplit) and e.phase == "rolled_back" for e in control.of(KEY)
-        )
-        await until(rolled_back, 60)
+        await until(reached(control, "rolled_back"), 60)
         alerts = await alerts_on(settings, topics, 10)
         status = seawall(settings, "canary", "status", "--pool", "main")
         seawall(settings, "canary", "abort", "--pool", "main", "--reason", "seen it")
-        aborted = lambda: any(  # noqa: E731
-            isinstance(e, TrafficSplit) and e.phase == "aborted" for e in control.of(KEY)
-        )
-        await until(aborted, 30)
+        await until(reached(control, "aborted"), 30)
         await asyncio.sleep(2.5)  # an alert republish period: the resolution is out
         after = await alerts_on(settings, topics, 10)
 
@@ -182,10 +182,7 @@ async def test_a_healthy_canary_is_promoted_step_by_step(
             "--max-ttft-ratio",
             "10",
         )
-        promoted = lambda: any(  # noqa: E731
-            isinstance(e, TrafficSplit) and e.phase == "promoted" for e in control.of(KEY)
-        )
-        await until(promoted, 60)
+        await until(reached(control, "promoted"), 60)
     assert phases(control.of(KEY)) == [
         ("checking", 0),
         ("ramping", 0),
@@ -206,10 +203,7 @@ async def test_promote_gives_the_canary_all_the_traffic_at_once(
     worker needs to report for it)."""
     async with control_log(settings, topics) as control, controller(settings):
         seawall(settings, "canary", "start", "--pool", "main", "--version", "v2", "--hold", "1h")
-        checking = lambda: any(  # noqa: E731
-            isinstance(e, TrafficSplit) and e.phase == "checking" for e in control.of(KEY)
-        )
-        await until(checking, 30)
+        await until(reached(control, "checking"), 30)
         out = seawall(settings, "canary", "promote", "--pool", "main", "--reason", "ship it")
         assert "promote canary v2" in out
         await until(lambda: phases(control.of(KEY))[-1:] == [("promoted", 0)], 30)

@@ -7,9 +7,6 @@ with a lower latency threshold the latency row trips too — and nothing else.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,25 +24,14 @@ from tests.integration.controller.test_controller import (
     load,
     worker,
 )
+from tests.integration.test_steer_cli import seawall as run_cli
 
 
 def seawall(settings: CommonSettings, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
-    env |= {
-        "SEAWALL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "SEAWALL_KAFKA_IDEMPOTENCE": str(settings.kafka_idempotence).lower(),
-        "SEAWALL_TOPIC_PREFIX": settings.topic_prefix,
-        **{f"SEAWALL_{k.upper()}": str(v).lower() for k, v in CONTROLLER.items()},
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "seawall.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return done.stdout
+    """A seawall command with the controller's settings of these tests (as replay must
+    run with the controller's)."""
+    controller_env = {f"SEAWALL_{k.upper()}": str(v).lower() for k, v in CONTROLLER.items()}
+    return run_cli(settings, *args, env=controller_env)
 
 
 async def test_a_recorded_run_replays_to_the_same_decisions_and_differs_where_changed(
