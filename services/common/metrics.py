@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from threading import Thread
 from wsgiref.simple_server import WSGIServer
 
@@ -30,8 +31,7 @@ class MetricsServer:
 
 
 def serve_metrics(port: int, service: str, host: str = "127.0.0.1") -> MetricsServer:
-    from seawall import __version__
-
-    BUILD.info({"version": __version__, "service": service})
+    # the installed distribution's version: the runtime never imports the CLI above it
+    BUILD.info({"version": version("seawall"), "service": service})
     server, thread = start_http_server(port, addr=host)
     return MetricsServer(server, thread)
