@@ -133,7 +133,14 @@ def _inference(summary: str, body: str, answer: str) -> dict[str, Any]:
                     "with data: [DONE]",
                     "content": {
                         "application/json": {"schema": {"$ref": f"#/components/schemas/{answer}"}},
-                        "text/event-stream": {"schema": {"type": "string"}},
+                        # each event: data is a chunk's JSON, or [DONE] at the end
+                        "text/event-stream": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["data"],
+                                "properties": {"data": {"type": "string"}},
+                            }
+                        },
                     },
                 },
                 **_errors("400", "401", "403", "413", "429", "500", "502", "503", "504"),

@@ -61,6 +61,7 @@ def test_every_answer_is_one_the_document_declares(stack: Stack, api_key: str) -
             max_examples=30,
             deadline=None,
             database=None,
+            derandomize=True,  # the same examples in every run: CI fails on code, not luck
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         )
         def check(case: Case) -> None:
