@@ -4,6 +4,7 @@ and the cluster's state ``ok`` before it is used."""
 
 from __future__ import annotations
 
+import random
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,10 +23,23 @@ def cluster_command(client: redis.Redis, *args: object) -> Any:
     return client.execute_command("CLUSTER", *args)  # type: ignore[no-untyped-call]
 
 
+def cluster_port() -> int:
+    """A free port a cluster node may take: at most 55535 (its cluster bus listens 10,000
+    higher), with that bus port free too."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(20_000, 55_535)
+        if not embedded.port_in_use("127.0.0.1", port) and not embedded.port_in_use(
+            "127.0.0.1", port + 10_000
+        ):
+            return port
+    raise AssertionError("no free port pair for a cluster node")
+
+
 def _node(binary: str, work: Path, timeout_s: float = 15.0) -> tuple[int, subprocess.Popen[bytes]]:
     """One cluster-enabled server on a free port, answering (or exited: its port was
     taken between choosing it and binding it)."""
-    port = embedded.free_port()
+    port = cluster_port()
     data = work / f"node-{port}"
     data.mkdir(parents=True)
     proc = subprocess.Popen(
