@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from aiokafka import TopicPartition
 from pydantic import TypeAdapter
 
 from schemas import ControlEvent, RequestCompleted, TelemetryEvent
+from seawall.reading import partitions, read_to_end, seek_since
 from services.common.bus import make_consumer, topics_of
 from services.common.serde import COMPLETION, CONTROL, TELEMETRY, DecodeError, decode
 from services.common.settings import CommonSettings
@@ -94,29 +94,12 @@ async def _read_range(
     try:
         async with asyncio.timeout(timeout_s):
             await consumer.start()
-            partitions = consumer.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-            if not tps:
-                return out
+            tps = partitions(consumer, topic)
             consumer.assign(tps)
-            end = await consumer.end_offsets(tps)
-            starts = await consumer.offsets_for_times(dict.fromkeys(tps, since_ms))
-            for tp in tps:
-                found = starts.get(tp)
-                consumer.seek(tp, found.offset if found is not None else end[tp])
-            # Until every partition's end as it was, then one more fetch: the range's
-            # end is judged by timestamp (the embedded broker's end offset can lag the
-            # last batch written: what comes after it is kept when it is in range).
-            last = False
-            while not last:
-                last = not [tp for tp in tps if await consumer.position(tp) < end[tp]]
-                batches = await consumer.getmany(timeout_ms=200 if last else 500)
-                for records in batches.values():
-                    out += [
-                        (r.timestamp, r.value)
-                        for r in records
-                        if since_ms <= r.timestamp <= until_ms
-                    ]
+            await seek_since(consumer, tps, since_ms)
+            async for _, r in read_to_end(consumer, tps):
+                if since_ms <= r.timestamp <= until_ms:
+                    out.append((r.timestamp, r.value))
     finally:
         await consumer.stop()
     out.sort(key=lambda item: item[0])  # the partitions, merged by time

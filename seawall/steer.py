@@ -26,8 +26,6 @@ import re
 import time
 from typing import Any
 
-from aiokafka import TopicPartition
-
 from schemas import (
     CanaryRelease,
     ControlEvent,
@@ -36,6 +34,7 @@ from schemas import (
     QuotaOverride,
     RegionThrottle,
 )
+from seawall.reading import partitions, read_to_end
 from services.common.bus import ensure_topics, make_consumer, make_producer, topics_of
 from services.common.control import ControlState
 from services.common.serde import CONTROL, DecodeError, decode, encode
@@ -211,17 +210,14 @@ async def read_control(settings: CommonSettings, timeout_s: float = 10.0) -> Con
     try:
         async with asyncio.timeout(timeout_s):
             await consumer.start()
-            tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or {0}]
+            tps = partitions(consumer, topic)
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
-            end = await consumer.end_offsets(tps)
-            while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
-                for records in (await consumer.getmany(timeout_ms=500)).values():
-                    for record in records:
-                        try:
-                            state.apply(decode(CONTROL, record.value))
-                        except DecodeError:
-                            continue  # admission dead-letters it; nothing to steer by
+            async for _, record in read_to_end(consumer, tps):
+                try:
+                    state.apply(decode(CONTROL, record.value))
+                except DecodeError:
+                    continue  # admission dead-letters it; nothing to steer by
     finally:
         await consumer.stop()
     return state

@@ -36,6 +36,7 @@ from services.common.lifecycle import Component
 from services.common.serde import DISPATCH, decode, encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
+from tests.fleet import in_background
 
 EVIDENCE = Evidence(reason="test")
 
@@ -186,13 +187,10 @@ async def capacity_feed(
                 )
             await asyncio.sleep(every_s)
 
-    task = asyncio.create_task(beat())
     try:
-        yield
+        async with in_background(beat()):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await producer.stop()
 
 

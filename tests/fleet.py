@@ -5,9 +5,10 @@ workers on the simulated engine."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -172,3 +173,16 @@ def sim_worker(settings: WorkerSettings) -> Worker:
     engine = build_engine(settings)
     assert isinstance(engine, SimulatedEngine)
     return Worker(settings, engine, SimulatedGpuProbe(lambda: [engine.gpu_reading()]))
+
+
+@contextlib.asynccontextmanager
+async def in_background(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run ``work`` (a loop that feeds the system under test) while the block runs, and
+    cancel it when the block ends."""
+    task = asyncio.create_task(work)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -16,6 +16,7 @@ from aiokafka.errors import KafkaError
 from rich.console import Console
 from rich.markup import escape
 
+from seawall.reading import partitions, read_to_end, seek_since
 from seawall.status.fold import GROUP_STEM, STALE_AFTER_S, FleetStatus, StatusFold, lags
 from seawall.status.render import render
 from services.common.bus import make_consumer, topics_of
@@ -27,37 +28,21 @@ class StatusError(Exception):
     """The fleet could not be read; the message tells the operator why."""
 
 
-def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-
-
 async def _read_topics(
     consumer: AIOKafkaConsumer, topics: Topics, fold: StatusFold, since: float
 ) -> None:
     """Feed ``fold`` the whole control topic and the telemetry from ``since`` on, up to
-    the end offsets of now (whole record batches: Tansu's end offset is the first offset
-    of a partition's last batch plus one)."""
-    control = _partitions(consumer, topics.control)
-    telemetry = _partitions(consumer, topics.telemetry)
+    the end offsets of now (``seawall.reading``)."""
+    control = partitions(consumer, topics.control)
+    telemetry = partitions(consumer, topics.telemetry)
     consumer.assign([*control, *telemetry])
     await consumer.seek_to_beginning(*control)
-    ends: dict[TopicPartition, int] = await consumer.end_offsets([*control, *telemetry])
-    since_ms = int(since * 1000)
-    starts = await consumer.offsets_for_times({tp: since_ms for tp in telemetry})
-    for tp in telemetry:
-        found = starts.get(tp)
-        # No record that recent: Kafka answers None, Tansu offset 0 with timestamp -1.
-        recent = found is not None and found.timestamp >= since_ms
-        consumer.seek(tp, found.offset if recent else ends[tp])
-    while True:
-        pending = [tp for tp in ends if await consumer.position(tp) < ends[tp]]
-        if not pending:
-            return
-        batches = await consumer.getmany(*pending, timeout_ms=200)
-        for tp, records in batches.items():
-            feed = fold.feed_control if tp.topic == topics.control else fold.feed_telemetry
-            for record in records:
-                feed(record.value)
+    await seek_since(consumer, telemetry, int(since * 1000))
+    async for tp, record in read_to_end(consumer, [*control, *telemetry]):
+        if tp.topic == topics.control:
+            fold.feed_control(record.value)
+        else:
+            fold.feed_telemetry(record.value)
 
 
 async def _committed(
@@ -104,7 +89,7 @@ async def _collect(settings: CommonSettings, window_s: float, stale_after_s: flo
             tp
             for topic in sorted(existing)
             if topic.startswith(settings.topic_prefix) and not topic.startswith("__")
-            for tp in _partitions(consumer, topic)
+            for tp in partitions(consumer, topic)
         ]
         fold = StatusFold(stale_after_s)
         await _read_topics(consumer, topics, fold, time.time() - window_s)

@@ -20,7 +20,7 @@ from services.common.control import ControlState
 from services.common.serde import encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics, canary_pool
-from tests.fleet import dispatched, until
+from tests.fleet import dispatched, in_background, until
 from tests.integration.controller.test_controller import alerts_on, control_log, controller, worker
 from tests.integration.test_steer_cli import seawall
 
@@ -61,13 +61,8 @@ async def traffic(
         finally:
             await producer.stop()
 
-    task = asyncio.create_task(send())
-    try:
+    async with in_background(send()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def reached(control: Any, phase: str) -> Callable[[], bool]:

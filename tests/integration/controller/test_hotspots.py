@@ -16,7 +16,7 @@ from services.common.bus import make_producer
 from services.common.serde import encode
 from services.common.settings import CommonSettings
 from services.common.topics import Topics
-from tests.fleet import until
+from tests.fleet import in_background, until
 from tests.integration.controller.test_controller import alerts_on, control_log, controller
 
 pytestmark = pytest.mark.integration
@@ -45,13 +45,8 @@ async def ingress_reports(
         finally:
             await producer.stop()
 
-    task = asyncio.create_task(report())
-    try:
+    async with in_background(report()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def pool_breaker(state: str) -> BreakerState:
