@@ -15,12 +15,34 @@ from services.ingress.keys_cli import keys_app
 
 if TYPE_CHECKING:
     from schemas import ControlEvent
+    from seawall.recording import Recording
 
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help="seawall: keep vLLM fleets stable under bursts.",
 )
+
+
+def _recording(path: Path) -> Recording:
+    from seawall.recording import read_recording
+
+    try:
+        return read_recording(path)
+    except (OSError, ValueError) as e:
+        typer.echo(f"cannot read the recording: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _pairs(items: list[str] | None, option: str, shape: str) -> dict[str, str]:
+    """A repeatable ``KEY=VALUE`` option as a dict; a malformed item is a usage error."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise typer.BadParameter(f"{option} takes {shape}, got {item!r}")
+        out[key.strip()] = value
+    return out
 
 
 @app.command()
@@ -76,11 +98,8 @@ def up(
     """Start the stack on embedded defaults (broker, Redis, services) until Ctrl-C."""
     canary_settings: dict[str, str] | None = None
     if canary is not None:
-        pairs = [item.partition("=") for item in canary_env or []]
-        if any(not name or not eq for name, eq, _ in pairs):
-            raise typer.BadParameter("--canary-env takes NAME=VALUE")
         canary_settings = {"SEAWALL_CANARY_VERSION": canary}
-        canary_settings |= {name: value for name, _, value in pairs}
+        canary_settings |= _pairs(canary_env, "--canary-env", "NAME=VALUE")
     options = up_mod.UpOptions(
         kafka_bootstrap=os.environ.get("SEAWALL_KAFKA_BOOTSTRAP") or None,
         broker_port=broker_port,
@@ -379,13 +398,12 @@ def replay(
     """Replay a recording's telemetry through the controller's core with changed
     settings, and print the decisions that would have differed."""
     from seawall import replay as rp
-    from seawall.recording import read_recording
     from services.controller.settings import ControllerSettings
 
-    run = read_recording(recording)
+    run = _recording(recording)
     base = ControllerSettings()
     try:
-        changes = rp.overrides(set_ or [], ControllerSettings.model_fields)
+        changes = rp.overrides(_pairs(set_, "--set", "NAME=VALUE"), ControllerSettings.model_fields)
         changed = ControllerSettings.model_validate({**base.model_dump(), **changes})
         config = changed.engine_config()
     except ValueError as e:
@@ -428,19 +446,13 @@ def report(
     ] = None,
 ) -> None:
     """Write the post-incident report of a recording: a summary, then the plots."""
-    from seawall.recording import read_recording
     from seawall.report import analyse, write_report
 
-    slo_ms: dict[str, float] = {}
-    for item in slo or []:
-        cls, eq, value = item.partition("=")
-        try:
-            slo_ms[cls.strip()] = float(value)
-        except ValueError:
-            eq = ""
-        if not eq:
-            raise typer.BadParameter(f"--slo takes CLASS=MS, got {item!r}")
-    path = write_report(analyse(read_recording(recording), window, slo_ms), out)
+    try:
+        slo_ms = {cls: float(ms) for cls, ms in _pairs(slo, "--slo", "CLASS=MS").items()}
+    except ValueError:
+        raise typer.BadParameter(f"--slo takes CLASS=MS, got {slo}") from None
+    path = write_report(analyse(_recording(recording), window, slo_ms), out)
     typer.echo(f"report: {path}")
 
 

@@ -67,20 +67,25 @@ class Recording:
 
 
 def read_recording(path: Path) -> Recording:
-    """A recording file, every record decoded with the wire models."""
+    """A recording file, every record decoded with the wire models. Raises ``ValueError``
+    naming the line for anything else (``OSError`` for a file that cannot be read)."""
     with path.open(encoding="utf-8") as f:
-        header = json.loads(f.readline())
-        if header.get("seawall_recording") != FORMAT_VERSION:
-            raise ValueError(f"{path}: not a seawall recording of version {FORMAT_VERSION}")
-        recording = Recording(header)
-        for line in f:
-            doc = json.loads(line)
-            if doc.get("end"):
-                recording.footer = doc
-                break
-            kind: Kind = doc["kind"]
-            value = _ADAPTERS[kind].validate_python(doc["value"])
-            recording.entries.append(Entry(float(doc["t"]), kind, value))
+        number = 1
+        try:
+            header = json.loads(f.readline())
+            if not isinstance(header, dict) or header.get("seawall_recording") != FORMAT_VERSION:
+                raise ValueError(f"not a seawall recording of version {FORMAT_VERSION}")
+            recording = Recording(header)
+            for number, line in enumerate(f, start=2):  # noqa: B007  (named in the error)
+                doc = json.loads(line)
+                if doc.get("end"):
+                    recording.footer = doc
+                    break
+                kind: Kind = doc["kind"]
+                value = _ADAPTERS[kind].validate_python(doc["value"])
+                recording.entries.append(Entry(float(doc["t"]), kind, value))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}, line {number}: {str(e)[:300]}") from None
     return recording
 
 

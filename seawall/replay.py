@@ -177,17 +177,15 @@ def plot(
     plt.close(fig)
 
 
-def overrides(pairs: Sequence[str], known: Mapping[str, object]) -> dict[str, str]:
-    """``NAME=VALUE`` pairs naming controller settings (``controller_`` may be left out)."""
+def overrides(pairs: Mapping[str, str], known: Mapping[str, object]) -> dict[str, str]:
+    """Settings named as on the command line (``SEAWALL_`` and ``controller_`` may be
+    left out) under their field names; an unknown one is a ``ValueError``."""
     out: dict[str, str] = {}
-    for pair in pairs:
-        name, eq, value = pair.partition("=")
-        name = name.strip().lower().removeprefix("seawall_")
-        if not eq:
-            raise ValueError(f"--set takes NAME=VALUE, got {pair!r}")
+    for given, value in pairs.items():
+        name = given.strip().lower().removeprefix("seawall_")
         if name not in known and f"controller_{name}" in known:
             name = f"controller_{name}"
         if name not in known:
-            raise ValueError(f"no controller setting {name!r}")
+            raise ValueError(f"no controller setting {given!r}")
         out[name] = value
     return out

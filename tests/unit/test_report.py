@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from schemas import BreakerLevel, BreakerState, Evidence, Priority, RequestCompleted, Tier
-from seawall.recording import Entry, Recording
+from seawall.recording import Entry, Recording, read_recording
 from seawall.report import analyse, pearson, percentile
 
 T0 = 1_000_000.0
@@ -75,3 +77,17 @@ def test_slo_attainment_trips_and_the_minute_after() -> None:
     assert share == pytest.approx(0.25)
     first = a.windows[0]
     assert first.hol_index == pytest.approx((8_000 - 100) / ((10 * 100 + 5 * 8_000) / 15))
+
+
+def test_a_file_that_is_not_a_recording_is_a_clear_error(tmp_path: Path) -> None:
+    cases = {
+        "garbage": "not json\n",
+        "other": '{"hello": 1}\n',
+        "bad record": '{"seawall_recording": 1, "since": 0}\n'
+        '{"t": 1, "kind": "control", "value": {}}\n',
+    }
+    for name, text in cases.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=r"line \d"):
+            read_recording(path)
