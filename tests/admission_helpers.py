@@ -261,4 +261,18 @@ async def started(*components: Component) -> AsyncIterator[None]:
         await asyncio.gather(*(c.start() for c in components))
         yield
     finally:
-        await asyncio.gather(*(c.stop() for c in components))
+        await asyncio.gather(*(stopped_in_time(c) for c in components))
+
+
+STOP_BOUND_S = 60.0
+"""Longer than any drain the tests configure, far shorter than the test timeout."""
+
+
+async def stopped_in_time(component: Component) -> None:
+    """Stop ``component``, failing with its name if it hangs: a hung stop otherwise
+    shows only as the whole test's timeout, with nothing that says whose it was."""
+    try:
+        async with asyncio.timeout(STOP_BOUND_S):
+            await component.stop()
+    except TimeoutError:
+        raise AssertionError(f"{component.name} did not stop within {STOP_BOUND_S:.0f} s") from None

@@ -104,6 +104,7 @@ from services.admission.quota import (
 from services.admission.scheduler import PriorityScheduler
 from services.admission.settings import AdmissionSettings
 from services.common.bus import (
+    close,
     commit_done,
     ensure_topics,
     make_consumer,
@@ -349,8 +350,8 @@ class Admission(Component):
             for part in self._parts:
                 await part.stop()
             for consumer in (self._consumer, self._completions, self._telemetry):
-                await consumer.stop()
-            await self._producer.stop()
+                await close(consumer)
+            await close(self._producer)
             await self._redis.aclose()
 
     def wake(self) -> None:

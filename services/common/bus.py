@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -28,6 +28,11 @@ from services.common.settings import CommonSettings
 from services.common.topics import Topics, TopicSpec
 
 log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S: Final = 15.0
+"""How long a Kafka client may take to close before it is abandoned."""
+COMMIT_TIMEOUT_S: Final = 10.0
+"""How long a commit may wait (for the group's coordinator, then for its answer)."""
 
 
 def topics_of(settings: CommonSettings) -> Topics:
@@ -140,12 +145,31 @@ async def commit_done(consumer: AIOKafkaConsumer, offsets: OffsetTracker[TopicPa
     if not commits:
         return
     try:
-        await consumer.commit(commits)
+        # aiokafka's commit first waits, unbounded, for the group's coordinator.
+        async with asyncio.timeout(COMMIT_TIMEOUT_S):
+            await consumer.commit(commits)
     except (CommitFailedError, IllegalStateError) as e:
         log.warning("commit failed", extra={"error": str(e)})
-    except KafkaError as e:
+    except (KafkaError, TimeoutError) as e:
         offsets.restore(commits)
         log.warning("commit not taken; kept for the next one", extra={"error": repr(e)[:200]})
+
+
+async def close(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
+    """Stop ``client`` within ``CLOSE_TIMEOUT_S``, else abandon it. A consumer's stop
+    waits, with no bound, for its group coordination to finish — a join the broker is
+    slow to answer, say (aio-libs/aiokafka#773) — and a service's stop must not hang
+    with it. An abandoned consumer leaves its group by the session timeout, as a killed
+    one does; a producer is closed only after every effect it carried was acknowledged
+    (services commit nothing earlier), so abandoning it loses nothing committed."""
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await client.stop()
+    except TimeoutError:
+        log.warning(
+            "kafka client did not close in time; abandoned",
+            extra={"client": type(client).__name__, "timeout_s": CLOSE_TIMEOUT_S},
+        )
 
 
 async def start_tail(consumer: AIOKafkaConsumer, *topics: str) -> None:

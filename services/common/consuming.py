@@ -34,6 +34,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import Counter, Gauge
 
+from services.common.bus import close
 from services.common.deadletters import DeadLetters
 from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks
@@ -167,7 +168,7 @@ class ConsumerLoop(Component, Generic[D]):
                 await asyncio.wait({self._loop}, timeout=self._grace_s)
             await cancel_tasks({self._loop})
         if self._start_consumer:
-            await self._consumer.stop()
+            await close(self._consumer)
 
     async def _run(self) -> None:
         consumer = self._consumer

@@ -29,7 +29,7 @@ from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge
 
 from schemas import BreakerLevel, BreakerState, ControlEvent
-from services.common.bus import make_consumer
+from services.common.bus import close, make_consumer
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import DeadLetters, failure_of
@@ -212,7 +212,7 @@ class ControlFollower(Component):
 
     async def on_stop(self) -> None:
         await self._loop.stop()
-        await self._consumer.stop()
+        await close(self._consumer)
 
     def _expire(self) -> None:
         for event in self.state.expire():

@@ -41,7 +41,7 @@ from aiokafka import TopicPartition
 from prometheus_client import Counter
 
 from schemas import InferenceReply, ReasonCode, ReplyChunk, ReplyStatus
-from services.common.bus import ensure_topics, make_consumer, topics_of
+from services.common.bus import close, ensure_topics, make_consumer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import DeadLetters, failure_of
@@ -251,7 +251,7 @@ class ReplyRouter(Component):
     async def on_stop(self) -> None:
         await self._loop.stop()
         self._close_all("the reply router stopped")
-        await self._consumer.stop()
+        await close(self._consumer)
 
     def _close_all(self, why: str) -> None:
         error = ReplyRouterClosed(why)

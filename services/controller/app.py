@@ -56,7 +56,7 @@ from faust.types import StreamT
 from pydantic import ValidationError
 
 from schemas import ControlEvent, TelemetryEvent
-from services.common.bus import ensure_topics, make_producer, topics_of
+from services.common.bus import close, ensure_topics, make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.control import ControlFollower, ControlState
 from services.common.deadletters import DeadLetters, failure_of
@@ -294,7 +294,7 @@ class Controller(Component):
             await self._outbox.drain(durable=True)
         finally:
             await self._notifiers.stop()
-            await self._producer.stop()
+            await close(self._producer)
 
     @property
     def ready(self) -> bool:

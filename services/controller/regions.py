@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 
 from schemas import BreakerLevel, BreakerState, DegradationLevel, RegionThrottle
-from services.common.bus import make_consumer, make_producer, start_tail, topics_of
+from services.common.bus import close, make_consumer, make_producer, start_tail, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.consuming import ConsumerLoop, Record
 from services.common.control import ControlState
@@ -94,9 +94,9 @@ class RegionGuard(Component):
     async def on_stop(self) -> None:
         try:
             await self._tail.stop()
-            await self._consumer.stop()
+            await close(self._consumer)
         finally:
-            await self._producer.stop()
+            await close(self._producer)
 
     # -- the arrivals tail's handler (``services.common.consuming``) ----------------
     async def decide(self, record: Record) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from services.common.bus import make_consumer, start_tail
+from services.common.bus import close, make_consumer, start_tail
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import failure_of
@@ -53,7 +53,7 @@ class HintFeed(Component):
         try:
             await self._loop.stop()
         finally:
-            await self._consumer.stop()
+            await close(self._consumer)
 
     async def decide(self, record: Record) -> None:
         self._hints.observe(decode(HINT, record.value), self._clock.time())

@@ -25,7 +25,7 @@ from typing import Any
 
 import uvicorn
 
-from services.common.bus import ensure_topics, make_producer, topics_of
+from services.common.bus import close, ensure_topics, make_producer, topics_of
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.deadletters import DeadLetters
 from services.common.delivery import Replies, TopicDirectory
@@ -181,7 +181,7 @@ class IngressService(Component):
             await self.router.stop()
             await self.denials.stop()
         finally:
-            await self._producer.stop()
+            await close(self._producer)
             await self._redis.aclose()
             if self._socket is not None:
                 self._socket.close()

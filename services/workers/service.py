@@ -68,7 +68,14 @@ from schemas import (
 )
 from schemas.base import Message
 from schemas.requests import Priority
-from services.common.bus import commit_done, ensure_topics, make_consumer, make_producer, topics_of
+from services.common.bus import (
+    close,
+    commit_done,
+    ensure_topics,
+    make_consumer,
+    make_producer,
+    topics_of,
+)
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.consuming import Record, observe_lag, retry_unavailable
 from services.common.control import ControlFollower, ControlState, isolates
@@ -303,9 +310,9 @@ class Worker(Component):
             with contextlib.suppress(KafkaError, OSError):
                 await self._publish_heartbeat()
             if self._consumer is not None:
-                await self._consumer.stop()
+                await close(self._consumer)
             await self._follower.stop()
-            await self._producer.stop()
+            await close(self._producer)
             await self._redis.aclose()
             await self.engine.stop()
             self.probe.close()
