@@ -80,10 +80,10 @@ from services.common.control import ControlState
 from services.common.tokenizer import count_tokens
 from services.controller.engine import Output, PoolEngine
 from services.controller.settings import ControllerSettings
+from services.workers.dispatches import ENGINE_PRIORITY, degraded_reason, max_output_tokens
 from services.workers.engine.base import FinishReason
 from services.workers.engine.sim_core import SimCore
 from services.workers.reports import gpu_stats, limits_info
-from services.workers.service import ENGINE_PRIORITY, degraded_reason, max_output_tokens
 from services.workers.settings import WorkerSettings
 from services.workers.summary import RequestSummarizer
 

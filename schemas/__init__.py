@@ -40,8 +40,11 @@ from schemas.requests import (
     Degradation,
     DispatchedRequest,
     InferenceRequest,
+    OutputFingerprint,
     Priority,
     SamplingParams,
+    ShadowOf,
+    ShadowOrder,
     Tier,
 )
 from schemas.telemetry import (
@@ -108,6 +111,7 @@ __all__ = [
     "InferenceRequest",
     "LatencySketch",
     "Message",
+    "OutputFingerprint",
     "Priority",
     "Profile",
     "QuotaHint",
@@ -122,6 +126,8 @@ __all__ = [
     "RequestCompleted",
     "RequestSummary",
     "SamplingParams",
+    "ShadowOf",
+    "ShadowOrder",
     "TelemetryEvent",
     "Tier",
     "TrafficSplit",

@@ -27,6 +27,7 @@ AlertRule = Literal[
     "degradation",
     "heartbeat_lost",
     "long_prompt_share",
+    "output_inconsistency",
     "hotspot_throttle",
     "canary_rollback",
 ]

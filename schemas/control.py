@@ -134,7 +134,11 @@ class CanaryRelease(_Control):
     max_latency_ratio: float = Field(default=1.5, ge=1, le=100)
     """... or its latency P99 exceeds the pool's by more than this factor ..."""
     max_ttft_ratio: float = Field(default=1.5, ge=1, le=100)
-    """... or its mean time to first token does."""
+    """... or its mean time to first token does ..."""
+    max_mismatch_rate_delta: Fraction = 0.05
+    """... or, where admission samples shadow runs (``consistency_sample``), the share
+    of the canary's shadows of the pool's outputs that disagree exceeds the pool's own
+    mismatch rate by more than this."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Self
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from schemas.base import (
+    Fraction,
     Ident,
     LongText,
     Message,
@@ -148,6 +149,47 @@ class Degradation(Wire):
     """Over its tenant's quota, served from idle capacity (admission's scavenger class)."""
 
 
+MINHASH_SIZE = 32
+"""How many minimums an ``OutputFingerprint``'s MinHash keeps."""
+MINHASH_PRIME = 2**61 - 1
+"""The MinHash's universal hashes are taken modulo this (Mersenne) prime."""
+
+
+class OutputFingerprint(Wire):
+    """A one-way summary of an output's text, for the output-consistency check: its
+    digest (equal texts, equal digests) and a MinHash of its word bigrams (the share of
+    equal minimums estimates how many bigrams two texts share). Neither gives the text
+    back; both are a few hundred bytes whatever its length."""
+
+    digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+    minhash: tuple[Annotated[int, Field(ge=0, lt=MINHASH_PRIME)], ...] = Field(
+        default=(), max_length=MINHASH_SIZE
+    )
+
+
+class ShadowOrder(Wire):
+    """On a dispatch admission sampled for the output-consistency check: once its
+    answer is sent, the worker that ran it re-runs it as a shadow on ``pool``."""
+
+    pool: Ident
+    """The request's own pool, or, while a canary of it runs, the canary's."""
+    min_similarity: Fraction
+    """A sampled (not greedy) request's shadow agrees when the texts' similarity is at
+    least this; a greedy one's only when the texts are equal."""
+
+
+class ShadowOf(Wire):
+    """On a shadow run: the output it must reproduce. A shadow is answered to nobody:
+    its worker compares, and counts the result in its report."""
+
+    worker_id: Ident
+    """The original's worker: the shadow is run by any other, never by it."""
+    fingerprint: OutputFingerprint
+    exact: bool
+    """Greedy (temperature 0): equal texts only; else ``min_similarity``."""
+    min_similarity: Fraction
+
+
 class DispatchedRequest(Message):
     """An admitted request on its pool's dispatch topic."""
 
@@ -157,6 +199,14 @@ class DispatchedRequest(Message):
     degradation: Degradation = Degradation()
     attempt: int = Field(default=1, ge=1, le=100)
     admitted_at: Timestamp
+    shadow: ShadowOrder | None = None
+    shadow_of: ShadowOf | None = None
+
+    @model_validator(mode="after")
+    def _original_or_shadow(self) -> Self:
+        if self.shadow is not None and self.shadow_of is not None:
+            raise ValueError("a shadow run orders no shadow of its own")
+        return self
 
 
 class AbortRequest(Message):

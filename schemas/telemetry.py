@@ -114,6 +114,13 @@ class RequestSummary(Wire):
     long_prompts: Count = 0
     """Requests whose prompt had more than ``LONG_PROMPT_TOKENS`` tokens (DESIGN's long
     prompt: the controller alerts when their share passes 30 %)."""
+    consistency_checks: Count = 0
+    """Shadow runs compared with their original (``DispatchedRequest.shadow_of``): the
+    output-consistency check of the worker's pool. Not among ``count``: a shadow
+    answers nobody."""
+    consistency_mismatches: Count = 0
+    consistency_similarity_sum: float = Field(default=0.0, ge=0, le=2**53)
+    """The sum of those comparisons' similarities (each within [0, 1])."""
 
 
 class EngineLimitsInfo(Wire):

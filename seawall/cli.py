@@ -667,6 +667,15 @@ def canary_start(
     max_ttft_ratio: Annotated[
         float, typer.Option(min=1, help="Mean TTFT allowed, as a multiple of the pool's.")
     ] = 1.5,
+    max_mismatch_delta: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=1,
+            help="Output mismatch rate of its shadow runs allowed above the pool's "
+            "(with admission's consistency_sample on).",
+        ),
+    ] = 0.05,
     reason: Reason = None,
 ) -> None:
     """Start a canary release of a pool's new version.
@@ -694,6 +703,7 @@ def canary_start(
             max_error_rate_delta=max_error_delta,
             max_latency_ratio=max_latency_ratio,
             max_ttft_ratio=max_ttft_ratio,
+            max_mismatch_rate_delta=max_mismatch_delta,
             reason=why,
             issuer=issuer,
             now=now,

@@ -164,6 +164,7 @@ def canary_start(
     max_latency_ratio: float,
     max_ttft_ratio: float,
     reason: str,
+    max_mismatch_rate_delta: float = 0.05,
     issuer: str,
     now: float,
 ) -> CanaryRelease:
@@ -188,6 +189,7 @@ def canary_start(
         max_error_rate_delta=max_error_rate_delta,
         max_latency_ratio=max_latency_ratio,
         max_ttft_ratio=max_ttft_ratio,
+        max_mismatch_rate_delta=max_mismatch_rate_delta,
     )
 
 

@@ -73,6 +73,10 @@ capacity govern what it takes. A request's side follows a hash of its session (e
 its request id): a session stays on one side, and as the canary's share grows the
 sessions already on it stay there.
 
+Output consistency (``consistency_sample``): a share of the repeatable requests sent
+undegraded to a pool with its breaker closed carries a ``ShadowOrder``: once answered,
+its worker has another worker re-run it and compare (``services.workers.shadows``).
+
 Control events are trusted until replaced or until their ``valid_for_s`` runs out
 (``services.common.control``): a controller that falls silent leaves its decisions in
 force for at most that long, then every pool is back to the defaults above.
@@ -103,6 +107,7 @@ from schemas import (
     ReasonCode,
     RegionThrottle,
     ReplyStatus,
+    ShadowOrder,
     Tier,
     TrafficSplit,
 )
@@ -155,6 +160,9 @@ class PolicyConfig:
     scavenger_headroom: float = 0.2
     """The share of every budget the scavenger lane leaves free, for the work that may
     arrive before its requests finish (it cannot be taken back once dispatched)."""
+    consistency_sample: float = 0.0
+    """The share of repeatable requests ordered a shadow run (``shadow_order``)."""
+    consistency_min_similarity: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,10 +629,35 @@ class AdmissionPolicy:
             reason = ReasonCode.SCAVENGED
         else:
             reason = ReasonCode.QUOTA_DEGRADED if accepted.quota_degraded else ReasonCode.NONE
+        shadow = None
+        if reason is ReasonCode.NONE and gate == PoolGate():
+            shadow = self.shadow_order(request, dest, control)
         dispatch = DispatchedRequest(
-            request=request, pool=dest, degradation=degradation, admitted_at=now
+            request=request, pool=dest, degradation=degradation, admitted_at=now, shadow=shadow
         )
         return Admit(dispatch, reason)
+
+    def shadow_order(
+        self, request: InferenceRequest, pool: str, control: ControlState
+    ) -> ShadowOrder | None:
+        """Whether ``request``, sent to ``pool`` undegraded, is sampled for the output-
+        consistency check, and where its shadow runs: on its own pool, or — while a
+        canary of the pool takes traffic — on the canary, which is then held to the
+        baseline's outputs. Sampled by a hash of the request id: every replica, and a
+        redelivery, decides alike."""
+        sampling = request.sampling
+        if sampling.temperature != 0 and sampling.seed is None:
+            return None  # nothing to compare: two runs may rightly differ
+        if sticky_point(f"shadow/{request.request_id}") >= self.config.consistency_sample:
+            return None
+        target = pool
+        split = control.get(TrafficSplit, f"pool:{pool}")
+        if split is not None:
+            canaries = sorted(
+                t for t, w in split.weights.items() if w > 0 and t != pool and base_pool(t) == pool
+            )
+            target = canaries[0] if canaries else pool
+        return ShadowOrder(pool=target, min_similarity=self.config.consistency_min_similarity)
 
     def shed(self, request: InferenceRequest, accepted: Accepted, now: float) -> Reply:
         """An over-quota request no idle capacity came for (or the pool tightened): the

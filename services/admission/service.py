@@ -228,6 +228,8 @@ class Admission(Component):
                 scavenger_tiers=settings.scavenger_tiers,
                 scavenger_wait_s=settings.scavenger_wait_s,
                 scavenger_headroom=settings.scavenger_headroom,
+                consistency_sample=settings.consistency_sample,
+                consistency_min_similarity=settings.consistency_min_similarity,
             )
         )
         self.capacity = FleetCapacity(

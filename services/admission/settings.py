@@ -95,6 +95,9 @@ class AdmissionSettings(CommonSettings):
     small_pool: str = Field(default="small", pattern=r"^[A-Za-z0-9._-]+$")
     enterprise_pools: dict[str, str] = Field(default_factory=dict, max_length=64)
     max_tokens_cap: int = Field(default=512, ge=1, le=32_768)
+    """Degradation level 2, when the controller's event carries no cap: requests asking
+    for more than this many output tokens (the *long* ones) are truncated to it; shorter
+    ones are left alone (capping them would change nothing)."""
     early_rejection: bool = False
     """Refuse at once (``overloaded`` / ``deadline_unreachable``, ``Retry-After``) a
     request whose first token is predicted after its deadline (``ttft``). Off by
@@ -115,9 +118,15 @@ class AdmissionSettings(CommonSettings):
     scavenger_headroom: float = Field(default=0.2, ge=0, lt=1)
     """The share of each pool's budgets over-quota work leaves free for the work that
     may arrive while it runs."""
-    """Degradation level 2, when the controller's event carries no cap: requests asking
-    for more than this many output tokens (the *long* ones) are truncated to it; shorter
-    ones are left alone (capping them would change nothing)."""
+    consistency_sample: float = Field(default=0.0, ge=0, le=1)
+    """The share of repeatable requests — greedy (temperature 0), or sampled with a
+    seed — run a second time as a shadow on another worker, whose output is compared
+    with the first (``services.workers.shadows``; a pool's mismatch rate alerts, and a
+    canary is held to its baseline's). Each shadow costs its pool one more run, so it
+    is off by default; 0.01–0.05 is enough to see a rate within minutes."""
+    consistency_min_similarity: float = Field(default=0.5, ge=0, le=1)
+    """A seeded sampled request's shadow agrees when its text is at least this similar
+    (word bigrams); a greedy one's only when the texts are equal."""
 
     rate_limit_factor: float = Field(default=0.5, gt=0, le=1)
     """Breaker level 2 (rate limit): the share of a pool's batch slots admission fills."""

@@ -9,7 +9,9 @@
 - ``degradation``: the pool's ladder engaged (warning; critical from level 3, when
   requests are answered from the static fallback);
 - ``long_prompt_share``: prompts over ``LONG_PROMPT_TOKENS`` above 30 % of the pool's
-  requests in five minutes (warning; ``policy.prompts``).
+  requests in five minutes (warning; ``policy.shares``);
+- ``output_inconsistency``: more than 10 % of the pool's shadow runs in five minutes
+  disagree with their original's output (warning; ``policy.shares``).
 
 Each carries the evidence of the decision in force behind it, so a notification says
 why without another lookup.
@@ -85,6 +87,19 @@ def conditions(engine: PoolEngine) -> list[Condition]:
                 "warning",
                 f"long prompts are over their share in pool {pool}{shown}",
                 engine.long_prompts,
+            )
+        )
+    if engine.output_mismatches is not None:
+        rate = engine.output_mismatches.metrics.get("output_mismatch_rate")
+        shown = "" if rate is None else f" ({rate:.0%} of its shadow runs)"
+        found.append(
+            Condition(
+                "output_inconsistency",
+                engine.scope,
+                pool,
+                "warning",
+                f"outputs of pool {pool} are not reproduced by their shadow runs{shown}",
+                engine.output_mismatches,
             )
         )
     return found

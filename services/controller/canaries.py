@@ -40,6 +40,7 @@ def config_of(command: CanaryRelease, check_timeout_s: float) -> CanaryConfig:
         max_error_rate_delta=command.max_error_rate_delta,
         max_latency_ratio=command.max_latency_ratio,
         max_ttft_ratio=command.max_ttft_ratio,
+        max_mismatch_rate_delta=command.max_mismatch_rate_delta,
     )
 
 
@@ -59,12 +60,15 @@ def reference_of(evidence: Evidence) -> Arm | None:
     if "baseline_requests" not in m:
         return None
     requests = int(m["baseline_requests"])
+    checks = int(m.get("baseline_consistency_checks", 0))
     return Arm(
         requests=requests,
         errors=round(m.get("baseline_error_rate", 0.0) * requests),
         p99_ms=m.get("baseline_p99_ms"),
         ttft_ms=m.get("baseline_ttft_ms"),
         workers=int(m.get("baseline_workers", 0)),
+        consistency_checks=checks,
+        consistency_mismatches=round(m.get("baseline_mismatch_rate", 0.0) * checks),
     )
 
 

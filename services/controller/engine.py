@@ -86,7 +86,12 @@ from services.controller.policy import Evidence as PolicyEvidence
 from services.controller.policy.breaker import HEARTBEAT, LATENCY_ROW
 from services.controller.policy.canary import Arm
 from services.controller.policy.freshness import WorkerClock
-from services.controller.policy.prompts import LongPromptAlert
+from services.controller.policy.shares import (
+    LONG_PROMPTS,
+    OUTPUT_MISMATCH_RATE,
+    OUTPUT_MISMATCHES,
+    ShareAlert,
+)
 
 MAX_SECONDS = 86_400.0
 """The wire's bound on a duration (``schemas.base.Seconds``)."""
@@ -114,6 +119,8 @@ class EngineConfig:
     host_cpu_breaker: bool = True
     """Whether heartbeats' host CPU feeds the breaker matrix. Off where workers share
     one host (the embedded stack): there it says nothing about any one worker."""
+    output_mismatch_rate: Threshold = OUTPUT_MISMATCH_RATE
+    """The output-consistency alert's bound (``policy.shares``)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.republish_s < self.valid_for_s <= MAX_SECONDS:
@@ -425,10 +432,16 @@ class PoolEngine:
         self._waiting = config.gauge_window()
         self._breaker = Breaker(self.scope, config.breaker)
         self._ladder = DegradationLadder(self.scope, config.degradation)
-        self._long_prompts = LongPromptAlert(self.scope)
+        self._long_prompts = ShareAlert(LONG_PROMPTS, self.scope)
         self.long_prompts: Evidence | None = None
         """While long prompts are over their share in this pool, the evidence of it
         (an alert, not a control decision: nothing acts on it but an operator)."""
+        self._mismatches = ShareAlert(
+            replace(OUTPUT_MISMATCHES, share=config.output_mismatch_rate), self.scope
+        )
+        self.output_mismatches: Evidence | None = None
+        """While the pool's outputs disagree with their shadow runs past the bound,
+        the evidence of it (an alert, as ``long_prompts``)."""
         self.inputs: dict[str, dict[str, float]] = {}
         """Per scope, the signals of the last evaluation (for the metrics)."""
         self._observed: set[str] = set()
@@ -552,11 +565,14 @@ class PoolEngine:
         last ``window_s`` (at most the request window), its workers still reporting,
         and whether its breaker is open."""
         stats = self._requests.stats(now, min(window_s, self._requests.size_s))
+        shadows = self._mismatches.stats(now, min(window_s, self._mismatches.config.share.window_s))
         return Arm(
             requests=stats.count,
             errors=stats.errors,
             p99_ms=stats.p99_ms,
             ttft_ms=stats.ttft_mean_ms,
+            consistency_checks=shadows.total,
+            consistency_mismatches=shadows.hits,
             workers=sum(1 for w in self._workers.values() if w.lost_since is None),
             breaker_open=self._breaker.status.circuit is Circuit.OPEN,
         )
@@ -589,6 +605,10 @@ class PoolEngine:
                 self._on_reading(worker, part, now)
             if event.requests is not None and event.requests.count:
                 self._on_requests(worker, event.requests, now)
+            if event.requests is not None and event.requests.consistency_checks:
+                checks = event.requests.consistency_checks
+                mismatches = min(event.requests.consistency_mismatches, checks)
+                self._mismatches.record(now, checks, mismatches)
         else:
             self._on_reading(worker, event, now)
         return self._output()
@@ -762,6 +782,11 @@ class PoolEngine:
         if long_prompts is not None:
             self.long_prompts = (
                 wire_evidence(long_prompts.evidence, "off") if long_prompts.new_state else None
+            )
+        mismatches = self._mismatches.evaluate(now)
+        if mismatches is not None:
+            self.output_mismatches = (
+                wire_evidence(mismatches.evidence, "off") if mismatches.new_state else None
             )
         republished: tuple[ControlEvent, ...] = ()
         if now - self._last_republish >= cfg.republish_s:

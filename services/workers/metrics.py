@@ -33,6 +33,19 @@ TELEMETRY_DROPPED = Counter(
     "seawall_worker_telemetry_dropped_total",
     "Telemetry records not sent because the broker was unavailable",
 )
+CONSISTENCY = Counter(
+    "seawall_worker_consistency_checks_total",
+    "Shadow runs of the output-consistency check, by outcome: agree, differ, or why one "
+    "was not compared (same_worker, stale, refused, incomplete, failed), or not_sent "
+    "(counted by the original's worker: the broker was unavailable)",
+    ["pool", "outcome"],
+)
+CONSISTENCY_SIMILARITY = Histogram(
+    "seawall_worker_consistency_similarity",
+    "Similarity of a shadow run's output to its original's (MinHash of word bigrams, 0-1)",
+    ["pool"],
+    buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0),
+)
 CHUNKS = Counter("seawall_worker_reply_chunks_total", "Streamed reply chunks sent")
 LATENCY = Histogram(
     "seawall_worker_request_duration_seconds",

@@ -67,7 +67,6 @@ from schemas import (
     WorkerReport,
 )
 from schemas.base import Message
-from schemas.requests import Priority
 from services.common.bus import (
     close,
     commit_done,
@@ -91,18 +90,19 @@ from services.common.topics import RedisKeys
 from services.workers import metrics as m
 from services.workers.chunker import Chunk, Coalescer
 from services.workers.claims import Busy, Claimed, Claims, Done, Held
-from services.workers.engine.base import Engine, EngineError, EngineRequest, RequestRefused
+from services.workers.consistency import Comparison
+from services.workers.dispatches import REPLY_TEXT_LIMIT, degraded_reason, engine_request_for
+from services.workers.engine.base import Engine, EngineError, RequestRefused
 from services.workers.engine.validate import validate_limits
 from services.workers.gpu import GpuProbe
 from services.workers.profiling import Profiles, answer
 from services.workers.reports import gpu_stats, limits_info
 from services.workers.settings import WorkerSettings
+from services.workers.shadows import run_shadow, shadow_for, shadow_key
 from services.workers.summary import RequestSummarizer
 
 log = logging.getLogger(__name__)
 
-#: vLLM's ``priority``: lower runs first.
-ENGINE_PRIORITY = {Priority.VIP: 0, Priority.STANDARD: 1, Priority.BULK: 2}
 CLAIM_MARGIN_S = 60.0
 """A claim outlives its request's deadline by this much."""
 
@@ -124,37 +124,6 @@ class _Run:
         self.joined: list[tuple[TopicPartition, int]] = []
         self.prefill_tokens = 0
         """Its prompt's tokens while the engine has them and no first token yet."""
-
-
-def prompt_text(d: DispatchedRequest) -> str:
-    """The prompt the engine sees: chat messages flattened as ``role: content`` lines."""
-    req = d.request
-    if req.prompt is not None:
-        return req.prompt
-    assert req.messages is not None
-    return "\n".join(f"{msg.role}: {msg.content}" for msg in req.messages) + "\nassistant:"
-
-
-def degraded_reason(d: DispatchedRequest) -> ReasonCode:
-    g = d.degradation
-    if g.static_reply:
-        return ReasonCode.DEGRADED_STATIC
-    if g.max_tokens_cap is not None and g.max_tokens_cap < d.request.sampling.max_tokens:
-        return ReasonCode.DEGRADED_TRUNCATED
-    if g.diverted_from is not None:
-        return ReasonCode.DEGRADED_SMALL_MODEL
-    if g.scavenged:
-        return ReasonCode.SCAVENGED
-    if g.quota_degraded:
-        return ReasonCode.QUOTA_DEGRADED
-    return ReasonCode.NONE
-
-
-def max_output_tokens(d: DispatchedRequest) -> int:
-    """What the client asked for, within degradation level 2's cap."""
-    cap = d.degradation.max_tokens_cap
-    wanted = d.request.sampling.max_tokens
-    return wanted if cap is None else min(wanted, cap)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -469,6 +438,10 @@ class Worker(Component):
                 m.REQUESTS.labels(self.settings.pool, "dead_letter").inc()
                 await self._dead_letters.record(record, e)
             else:
+                if dispatched.shadow_of is not None:
+                    await self._shadow(dispatched)
+                    self.offsets.done(tp, record.offset)
+                    return
                 rid = dispatched.request.request_id
                 if rid in self._runs:  # redelivered while this worker runs it
                     m.REQUESTS.labels(self.settings.pool, "joined").inc()
@@ -592,18 +565,7 @@ class Worker(Component):
     async def _generate(self, d: DispatchedRequest, run: _Run, generation: int) -> None:
         req = d.request
         started = self.clock.time()
-        prompt = prompt_text(d)
-        engine_request = EngineRequest(
-            request_id=f"{req.request_id}#{generation}",
-            prompt=prompt,
-            prompt_tokens=count_tokens(prompt),
-            max_tokens=max_output_tokens(d),
-            temperature=req.sampling.temperature,
-            top_p=req.sampling.top_p,
-            stop=req.sampling.stop,
-            priority=ENGINE_PRIORITY[req.priority],
-            seed=req.sampling.seed,
-        )
+        engine_request = engine_request_for(d, f"{req.request_id}#{generation}")
         run.engine_request_id = engine_request.request_id
         run.prefill_tokens = engine_request.prompt_tokens
         coalescer = Coalescer(self.settings.chunk_max_tokens, self.settings.chunk_max_interval_s)
@@ -670,7 +632,7 @@ class Worker(Component):
             req.request_id,
             status,
             reason,
-            text="".join(parts)[:65_536],
+            text="".join(parts)[:REPLY_TEXT_LIMIT],
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             finish_reason=finish_reason,
@@ -750,6 +712,41 @@ class Worker(Component):
                 seq=self.completed_total,
             ),
         )
+        await self._send_shadow(d, reply)
+
+    async def _shadow(self, d: DispatchedRequest) -> None:
+        """Run a shadow of the output-consistency check and count how it compared; a
+        shadow's own failure is counted, never answered (it answers nobody)."""
+        pool = self.settings.pool
+        try:
+            outcome = await run_shadow(self.engine, d, self.worker_id, self.clock.time())
+        except EngineError:
+            raise
+        except Exception as e:
+            log.warning("a shadow run failed", extra={"error": repr(e)[:200]})
+            m.CONSISTENCY.labels(pool, "failed").inc()
+            return
+        if isinstance(outcome, Comparison):
+            self._summary.add_consistency(outcome.agrees, outcome.similarity)
+            m.CONSISTENCY.labels(pool, "agree" if outcome.agrees else "differ").inc()
+            m.CONSISTENCY_SIMILARITY.labels(pool).observe(outcome.similarity)
+        else:
+            m.CONSISTENCY.labels(pool, outcome).inc()
+
+    async def _send_shadow(self, d: DispatchedRequest, reply: InferenceReply) -> None:
+        """Send the shadow admission ordered for ``d``, if it did (not awaited: a lost
+        shadow is one comparison fewer)."""
+        shadow = shadow_for(d, reply, self.worker_id, self.clock.time())
+        if shadow is None:
+            return
+        try:
+            await self._producer.send(
+                self.topics.dispatch(shadow.pool), encode(shadow), key=shadow_key(shadow)
+            )
+        except Exception as e:
+            if not is_infrastructure(e):
+                raise
+            m.CONSISTENCY.labels(self.settings.pool, "not_sent").inc()
 
     async def _answer_failure(
         self, d: DispatchedRequest, record: Record, error: BaseException

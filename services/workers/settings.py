@@ -76,6 +76,8 @@ class WorkerSettings(CommonSettings):
     sim_crash_after_s: float | None = Field(default=None, ge=0)
     sim_over_temperature: bool = False
     sim_memory_leak_mb_per_s: float = Field(default=0.0, ge=0)
+    sim_divergence: float = Field(default=0.0, ge=0, le=1)
+    """Share of requests whose text departs from the prompt's usual output (SimFaults)."""
 
     # vLLM in process (extra `vllm`)
     vllm_model: str = ""

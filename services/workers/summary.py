@@ -38,6 +38,8 @@ class RequestSummarizer:
         self._ttft_count = self._itl_count = 0
         self._ttft_sum = self._itl_sum = 0.0
         self._prompt_tokens = self._completion_tokens = self._long_prompts = 0
+        self._checks = self._mismatches = 0
+        self._similarity_sum = 0.0
 
     def add(
         self,
@@ -64,6 +66,12 @@ class RequestSummarizer:
         self._long_prompts += prompt_tokens > LONG_PROMPT_TOKENS
         self._completion_tokens += completion_tokens
 
+    def add_consistency(self, agrees: bool, similarity: float) -> None:
+        """A shadow run compared with its original (``shadows``)."""
+        self._checks += 1
+        self._mismatches += 0 if agrees else 1
+        self._similarity_sum += similarity
+
     def take(self, now: float) -> RequestSummary:
         """The summary of the interval ending ``now``; the next one starts."""
         summary = RequestSummary(
@@ -80,6 +88,9 @@ class RequestSummarizer:
             prompt_tokens=self._prompt_tokens,
             completion_tokens=self._completion_tokens,
             long_prompts=self._long_prompts,
+            consistency_checks=self._checks,
+            consistency_mismatches=self._mismatches,
+            consistency_similarity_sum=self._similarity_sum,
         )
         self._since = now
         self._reset()

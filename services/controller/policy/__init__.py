@@ -25,7 +25,7 @@ from services.controller.policy.degradation import (
 )
 from services.controller.policy.heartbeat import HeartbeatConfig, HeartbeatMonitor, Liveness
 from services.controller.policy.hysteresis import HoldTimer, Latch, LatchSet, Threshold
-from services.controller.policy.prompts import LongPromptAlert, LongPromptConfig
+from services.controller.policy.shares import ShareAlert, ShareAlertConfig
 from services.controller.policy.windows import (
     GaugeStats,
     GaugeWindow,
@@ -56,12 +56,12 @@ __all__ = [
     "Latch",
     "LatchSet",
     "Liveness",
-    "LongPromptAlert",
-    "LongPromptConfig",
     "Reading",
     "RequestStats",
     "RequestWindow",
     "Samples",
+    "ShareAlert",
+    "ShareAlertConfig",
     "ShareStats",
     "ShareWindow",
     "Signal",

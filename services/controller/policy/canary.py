@@ -15,7 +15,9 @@ Phases (``CanaryStatus.phase``):
   arms are compared at every evaluation once the canary's window holds ``min_requests``
   requests: its error rate above the baseline's by more than ``max_error_rate_delta``,
   or its latency P99 / mean TTFT above the baseline's times ``max_latency_ratio`` /
-  ``max_ttft_ratio``, rolls back; so does its breaker opening or its workers vanishing.
+  ``max_ttft_ratio``, or — once it holds ``min_consistency_checks`` shadow comparisons
+  — its output mismatch rate above the baseline's by more than
+  ``max_mismatch_rate_delta``, rolls back; so does its breaker opening or its workers vanishing.
   After ``hold_s`` on the step with no breach and a full window, the next step; after
   the last (1.0), ``promoted``.
 - ``promoted``, ``rolled_back``, ``aborted`` — final. An operator's ``promote`` or
@@ -51,6 +53,9 @@ class CanaryConfig:
     max_error_rate_delta: float = 0.02
     max_latency_ratio: float = 1.5
     max_ttft_ratio: float = 1.5
+    max_mismatch_rate_delta: float = 0.05
+    min_consistency_checks: int = 10
+    """Shadow comparisons the canary's window needs before its mismatch rate counts."""
 
     def __post_init__(self) -> None:
         check_steps(self.steps)
@@ -60,6 +65,8 @@ class CanaryConfig:
             raise ValueError("need min_requests >= 1 and max_error_rate_delta >= 0")
         if self.max_latency_ratio < 1 or self.max_ttft_ratio < 1:
             raise ValueError("the latency and TTFT ratios must be at least 1")
+        if self.max_mismatch_rate_delta < 0 or self.min_consistency_checks < 1:
+            raise ValueError("need max_mismatch_rate_delta >= 0 and min_consistency_checks >= 1")
 
 
 @dataclass(frozen=True)
@@ -74,10 +81,19 @@ class Arm:
     workers: int = 0
     """Workers reporting (heartbeats not lost)."""
     breaker_open: bool = False
+    consistency_checks: int = 0
+    """Shadow runs on this arm compared with the original's output (admission sends the
+    shadows of the pool's requests to the canary while it runs)."""
+    consistency_mismatches: int = 0
 
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
+
+    @property
+    def mismatch_rate(self) -> float:
+        checks = self.consistency_checks
+        return self.consistency_mismatches / checks if checks else 0.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +131,9 @@ def _arm_metrics(prefix: str, arm: Arm) -> dict[str, float]:
         out[f"{prefix}_p99_ms"] = arm.p99_ms
     if arm.ttft_ms is not None:
         out[f"{prefix}_ttft_ms"] = arm.ttft_ms
+    if arm.consistency_checks:
+        out[f"{prefix}_consistency_checks"] = float(arm.consistency_checks)
+        out[f"{prefix}_mismatch_rate"] = arm.mismatch_rate
     return out
 
 
@@ -200,6 +219,15 @@ class CanaryJudge:
         thresholds["canary_error_rate"] = limit
         if canary.error_rate > limit:
             reasons.append(f"error rate {canary.error_rate:.1%} above {limit:.1%}")
+        if canary.consistency_checks >= cfg.min_consistency_checks:
+            # While the canary runs, the pool's shadows go to it: the baseline seldom
+            # has comparisons of its own, and is then taken as reproducing itself.
+            base = reference if reference is not None else Arm()
+            known = base.consistency_checks >= cfg.min_consistency_checks
+            limit = (base.mismatch_rate if known else 0.0) + cfg.max_mismatch_rate_delta
+            thresholds["canary_mismatch_rate"] = limit
+            if canary.mismatch_rate > limit:
+                reasons.append(f"output mismatch rate {canary.mismatch_rate:.1%} above {limit:.1%}")
         if reference is None:
             return reasons, thresholds
         pairs = (

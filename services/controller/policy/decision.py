@@ -25,6 +25,7 @@ class DecisionKind(StrEnum):
     DEGRADATION = "degradation"
     BATCH_LIMIT = "batch_limit"
     LONG_PROMPT_ALERT = "long_prompt_alert"
+    OUTPUT_CONSISTENCY_ALERT = "output_consistency_alert"
     HOTSPOT = "hotspot"
     CANARY = "canary"
 

@@ -34,6 +34,7 @@ def sim_config(s: WorkerSettings) -> SimConfig:
             crash_after_s=s.sim_crash_after_s,
             over_temperature=s.sim_over_temperature,
             memory_leak_mb_per_s=s.sim_memory_leak_mb_per_s,
+            divergence=s.sim_divergence,
         ),
     )
 

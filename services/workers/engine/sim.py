@@ -9,8 +9,15 @@ sources.
 One asyncio task runs the core: it schedules a step, sleeps for the step's simulated
 duration, then hands each request's new token to that request's queue, so tokens come
 out at the pace a GPU would produce them. ``sleep`` and ``clock`` can be injected to run
-on virtual time. ``temperature``, ``top_p`` and ``stop`` strings do not change the
-simulated output; ``seed`` seeds a request's words.
+on virtual time.
+
+The words follow the prompt, as a model's output does: at temperature 0 (greedy) the
+same prompt gives the same text and the same length on every simulated engine, so the
+output-consistency check has something true to compare. Above 0 each word is resampled
+with probability ``SAMPLING_SPREAD`` × temperature, from a generator seeded by the
+request's ``seed`` (else by its id): two runs with the same seed agree. ``top_p`` and
+``stop`` strings do not change the simulated output. ``SimFaults.divergence`` makes a
+share of the requests depart from their prompt's text from a random token on.
 
 Faults configured in :class:`.sim_core.SimFaults` act through the core: a crash (or the
 leak's out-of-memory) fails every in-flight ``generate`` with :class:`EngineError` at the
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 import time
@@ -52,19 +60,36 @@ _VOCABULARY: Final = (
     "deal size color stock box fast free new card email reply hello sorry yes now next"
 )
 WORDS: Final = tuple(_VOCABULARY.split())
+SAMPLING_SPREAD: Final = 0.25
+"""At temperature t, each word departs from the greedy one with probability 0.25 t."""
 
 
 @dataclass(eq=False)
 class _Stream:
     prompt_tokens: int
-    rng: random.Random
+    greedy: random.Random
+    """The prompt's own words, the same on every engine."""
+    sampler: random.Random
+    """What sampling (temperature above 0) and injected divergence draw from."""
+    resample: float = 0.0
+    """Probability that a word is resampled (``SAMPLING_SPREAD`` × temperature)."""
+    diverge_at: int | None = None
+    """From this token on the words depart from the prompt's (``SimFaults.divergence``)."""
     queue: asyncio.Queue[EngineOutput | EngineError] = field(default_factory=asyncio.Queue)
     completion_tokens: int = 0
 
     def words(self, n: int) -> str:
         first = self.completion_tokens == 0
-        text = " ".join(self.rng.choice(WORDS) for _ in range(n))
+        text = " ".join(self._word(self.completion_tokens + i) for i in range(n))
         return text if first or not text else " " + text
+
+    def _word(self, position: int) -> str:
+        greedy = self.greedy.randrange(len(WORDS))  # drawn always: the prompt's words stay aligned
+        departs = self.diverge_at is not None and position >= self.diverge_at
+        if departs or (self.resample and self.sampler.random() < self.resample):
+            # any other word: a departure always shows
+            return WORDS[(greedy + 1 + self.sampler.randrange(len(WORDS) - 1)) % len(WORDS)]
+        return WORDS[greedy]
 
 
 class SimulatedEngine:
@@ -113,12 +138,14 @@ class SimulatedEngine:
         if request_id in self._streams:
             raise RequestRefused(f"request {request_id!r} is already in the engine")
         core = self._core
-        stream = _Stream(
-            prompt_tokens=request.prompt_tokens or count_tokens(request.prompt),
-            rng=random.Random(
-                request.seed if request.seed is not None else f"{self._seed}:{request_id}"
-            ),
-        )
+        digest = hashlib.blake2b(request.prompt.encode(), digest_size=16).hexdigest()
+        stream = self._stream(request, digest)
+        if request.temperature == 0:
+            content_key: str | None = digest  # greedy: the prompt alone decides
+        elif request.seed is not None:
+            content_key = f"{digest}:{request.seed}"
+        else:
+            content_key = None
         try:
             core.add(
                 request_id,
@@ -126,6 +153,7 @@ class SimulatedEngine:
                 request.max_tokens,
                 now=self._clock(),
                 priority=request.priority,
+                content_key=content_key,
             )
         except ValueError as exc:
             raise RequestRefused(f"request {request_id!r} refused: {exc}") from exc
@@ -144,6 +172,19 @@ class SimulatedEngine:
                 del self._streams[request_id]
                 with contextlib.suppress(EngineError):  # a crashed core holds nothing
                     core.abort(request_id)
+
+    def _stream(self, request: EngineRequest, digest: str) -> _Stream:
+        seed = request.seed if request.seed is not None else f"{self._seed}:{request.request_id}"
+        stream = _Stream(
+            prompt_tokens=request.prompt_tokens or count_tokens(request.prompt),
+            greedy=random.Random(f"text:{digest}"),
+            sampler=random.Random(seed),
+            resample=min(1.0, SAMPLING_SPREAD * request.temperature),
+        )
+        faults = random.Random(f"{self._seed}:{request.request_id}:divergence")
+        if faults.random() < self._config.faults.divergence:
+            stream.diverge_at = faults.randrange(max(1, request.max_tokens // 2))
+        return stream
 
     async def abort(self, request_id: str) -> None:
         self._core.abort(request_id)  # first: if it raises, the run loop fails the stream

@@ -97,10 +97,14 @@ class SimFaults:
     memory_leak_mb_per_s: float = 0.0
     """GPU memory in use grows by this many MiB per second; at full memory the engine
     crashes with an out-of-memory error, as a CUDA allocation would fail."""
+    divergence: float = 0.0
+    """Share of requests whose text departs from what their prompt gives everywhere
+    else, from a random token on — as a model whose numerics changed would answer: what
+    the output-consistency check must catch (:mod:`.sim` makes the words)."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.error_rate <= 1.0:
-            raise ValueError("error_rate must be within [0, 1]")
+        if not 0.0 <= self.error_rate <= 1.0 or not 0.0 <= self.divergence <= 1.0:
+            raise ValueError("error_rate and divergence must be within [0, 1]")
         if self.slowdown <= 0 or self.memory_leak_mb_per_s < 0:
             raise ValueError("slowdown must be positive and memory_leak_mb_per_s not negative")
 
@@ -300,8 +304,13 @@ class SimCore:
         now: float,
         priority: int = 0,
         arrival: float | None = None,
+        content_key: str | None = None,
     ) -> None:
-        """Queue a request. Raises ``ValueError`` for one vLLM would refuse."""
+        """Queue a request. Raises ``ValueError`` for one vLLM would refuse.
+
+        ``content_key`` names what fixes the output (a greedy request's prompt): where
+        the request stops then follows from it, not from the request id, so the same
+        prompt stops at the same token on every engine, as greedy decoding does."""
         self._check_alive(now)
         model_len = self.config.model_len
         if request_id in self._requests:
@@ -313,7 +322,8 @@ class SimCore:
             )
         rng = random.Random(f"{self._seed}:{request_id}")
         length_cap = min(max_tokens, model_len - prompt_tokens)
-        eos_at = _geometric(rng, self.config.eos_probability)
+        length_rng = rng if content_key is None else random.Random(f"length:{content_key}")
+        eos_at = _geometric(length_rng, self.config.eos_probability)
         target: int = length_cap
         reason: FinishReason = "length"
         if eos_at is not None and eos_at < length_cap:

@@ -26,6 +26,7 @@ from schemas import (
     ReasonCode,
     RegionThrottle,
     ReplyStatus,
+    SamplingParams,
     Tier,
     TrafficSplit,
 )
@@ -859,3 +860,59 @@ def test_a_split_never_sends_a_pool_s_traffic_to_another_pool() -> None:
     state = control(split(1.0, target="small"))
     assert policy().split("main", request(), state) == "main"
     assert policy().pools(state) == CONFIG.pools
+
+
+# -- output consistency ----------------------------------------------------------------
+
+
+def sampled_policy(share: float) -> AdmissionPolicy:
+    return AdmissionPolicy(dataclasses.replace(CONFIG, consistency_sample=share))
+
+
+def repeatable(n: int, temperature: float = 0.0, seed: int | None = None) -> InferenceRequest:
+    sampling = SamplingParams(max_tokens=50, temperature=temperature, seed=seed)
+    return request().model_copy(update={"request_id": f"r{n}", "sampling": sampling})
+
+
+def released_shadow(p: AdmissionPolicy, req: InferenceRequest, state: ControlState) -> Any:
+    verdict = p.release(req, Priority.STANDARD, accepted(), state, NOW)
+    assert isinstance(verdict, Admit)
+    return verdict.dispatch.shadow
+
+
+def test_the_sampled_share_of_repeatable_requests_is_ordered_a_shadow() -> None:
+    p, state = sampled_policy(0.1), control()
+    orders = [released_shadow(p, repeatable(n), state) for n in range(3000)]
+    sampled = [o for o in orders if o is not None]
+    assert 0.08 < len(sampled) / len(orders) < 0.12
+    assert {(o.pool, o.min_similarity) for o in sampled} == {
+        ("main", CONFIG.consistency_min_similarity)
+    }
+    # the same request id is sampled alike every time (a redelivery, another replica)
+    assert [released_shadow(p, repeatable(n), state) for n in range(3000)] == orders
+
+
+def test_only_repeatable_requests_are_sampled() -> None:
+    p, state = sampled_policy(1.0), control()
+    assert released_shadow(p, repeatable(1, temperature=0.7), state) is None
+    assert released_shadow(p, repeatable(1, temperature=0.7, seed=3), state) is not None
+    assert released_shadow(sampled_policy(0.0), repeatable(1), state) is None
+
+
+def test_no_shadow_for_a_degraded_pool_or_one_whose_breaker_is_not_closed() -> None:
+    p = sampled_policy(1.0)
+    assert released_shadow(p, repeatable(1), control(degradation("pool:main", 2))) is None
+    probing = control(breaker("pool:main", BreakerLevel.REJECT_NEW, "half_open", probes=5))
+    assert released_shadow(p, repeatable(1), probing) is None
+
+
+def test_while_a_canary_runs_the_pools_shadows_go_to_the_canary() -> None:
+    p = sampled_policy(1.0)
+    order = released_shadow(p, repeatable(1), control(split(0.05)))
+    assert order.pool == "main.canary-v2"
+    verdict = p.release(
+        repeatable(1), Priority.STANDARD, accepted("main.canary-v2"), control(split(0.05)), NOW
+    )
+    assert isinstance(verdict, Admit)
+    assert verdict.dispatch.shadow is not None
+    assert verdict.dispatch.shadow.pool == "main.canary-v2"

@@ -90,3 +90,37 @@ def test_the_long_prompt_share_raises_an_alert_that_decays_when_traffic_stops() 
         fleet.feed(heartbeat("w1", fleet.now))
         fleet.tick(advance=10.0)
     assert conditions(fleet.engine) == []
+
+
+def shadow_report(at: float, checks: int, mismatches: int) -> WorkerReport:
+    summary = RequestSummarizer(at - 1.0)
+    for n in range(checks):
+        summary.add_consistency(agrees=n >= mismatches, similarity=0.4 if n < mismatches else 1.0)
+    return WorkerReport(
+        worker_id="w1", pool="main", at=at, heartbeat=heartbeat("w1", at), requests=summary.take(at)
+    )
+
+
+def test_shadow_runs_that_disagree_raise_an_alert_that_clears_when_they_agree_again() -> None:
+    fleet = Fleet()
+    fleet.feed(shadow_report(T0, checks=12, mismatches=6))
+    fleet.tick()
+    (alert,) = conditions(fleet.engine)
+    assert (alert.rule, alert.scope, alert.severity) == (
+        "output_inconsistency",
+        "pool:main",
+        "warning",
+    )
+    assert alert.evidence.metrics["output_mismatch_rate"] == pytest.approx(0.5)
+    assert "50%" in alert.summary
+    for _ in range(40):  # every shadow agrees from now on
+        fleet.feed(shadow_report(fleet.now, checks=5, mismatches=0))
+        fleet.tick(advance=10.0)
+    assert conditions(fleet.engine) == []
+
+
+def test_shadow_runs_that_agree_raise_nothing() -> None:
+    fleet = Fleet()
+    fleet.feed(shadow_report(T0, checks=50, mismatches=2))
+    fleet.tick()
+    assert conditions(fleet.engine) == []

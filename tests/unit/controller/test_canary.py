@@ -94,6 +94,7 @@ def test_the_last_step_promotes() -> None:
         (replace(GOOD, ttft_ms=160), "mean TTFT"),
         (replace(GOOD, breaker_open=True), "breaker"),
         (replace(GOOD, workers=0), "gone"),
+        (replace(GOOD, consistency_checks=20, consistency_mismatches=2), "output mismatch"),
     ],
 )
 def test_a_breach_rolls_back_with_the_numbers(canary: Arm, words: str) -> None:
@@ -103,6 +104,20 @@ def test_a_breach_rolls_back_with_the_numbers(canary: Arm, words: str) -> None:
     assert words in d.evidence.reason
     assert "step 2/3 at 25%" in d.evidence.reason
     assert d.evidence.metrics["canary_requests"] == canary.requests
+
+
+def test_the_canarys_mismatches_are_held_to_the_baselines_own() -> None:
+    # 10 % of the canary's shadows disagree: past 0 + 5 % when the baseline has no
+    # comparisons, within 8 % + 5 % when it shows 8 % itself (greedy noise).
+    canary = replace(GOOD, consistency_checks=50, consistency_mismatches=5)
+    _, d = judge().evaluate(ramping(0, 0), BASE, canary, 5)
+    assert d is not None
+    assert d.evidence.metrics["canary_mismatch_rate"] == pytest.approx(0.1)
+    assert d.evidence.thresholds["canary_mismatch_rate"] == pytest.approx(0.05)
+    noisy = replace(BASE, consistency_checks=100, consistency_mismatches=8)
+    assert judge().evaluate(ramping(0, 0), noisy, canary, 5)[1] is None
+    few = replace(GOOD, consistency_checks=9, consistency_mismatches=9)  # too few to judge
+    assert judge().evaluate(ramping(0, 0), BASE, few, 5)[1] is None
 
 
 def test_too_few_canary_requests_are_not_judged() -> None:
@@ -147,6 +162,8 @@ def test_bad_terms_are_refused() -> None:
             CanaryConfig(steps=steps)
     with pytest.raises(ValueError, match="check_s"):
         CanaryConfig(check_s=60, check_timeout_s=30)
+    with pytest.raises(ValueError, match="mismatch"):
+        CanaryConfig(max_mismatch_rate_delta=-0.1)
 
 
 arms = st.builds(
@@ -157,7 +174,9 @@ arms = st.builds(
     ttft_ms=st.none() | st.floats(1, 1_000),
     workers=st.integers(0, 3),
     breaker_open=st.booleans(),
-).filter(lambda a: a.errors <= a.requests)
+    consistency_checks=st.integers(0, 50),
+    consistency_mismatches=st.integers(0, 10),
+).filter(lambda a: a.errors <= a.requests and a.consistency_mismatches <= a.consistency_checks)
 
 
 @settings(max_examples=300, deadline=None)

@@ -30,6 +30,7 @@ MODEL_LEVEL_RULES = (
     "steps must be increasing shares",
     "the last step must be 1",
     "a start command is its own release",
+    "a shadow run orders no shadow of its own",
 )
 
 

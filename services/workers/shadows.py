@@ -1,0 +1,84 @@
+"""Shadow runs: the worker's side of the output-consistency check.
+
+Admission samples a share of the requests whose output should repeat — greedy ones
+(temperature 0), and sampled ones that carry a seed — and orders a shadow on the
+dispatch (``ShadowOrder``). The worker that answers such a request then sends its
+shadow (``shadow_for``): the same request, with its answer's fingerprint
+(``consistency.fingerprint``) and the worker's id, onto the order's pool. Another
+worker of that pool runs the shadow (``run_shadow``) and compares the outputs; the
+result is counted in its report (``RequestSummary.consistency_*``), which the
+controller turns into a mismatch rate per pool, an alert, and a canary's comparison.
+
+A shadow answers nobody: no reply, no claim, no completion record, no quota. It costs
+the pool one more run, so admission samples few, and only for pools at level 0 with
+their breaker closed; a shadow that waited ``SHADOW_MAX_AGE_S`` (its pool was busy) is
+dropped, and so is one that came back to the original's own worker (its partition's
+owner), which would only repeat itself.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from schemas import DispatchedRequest, InferenceReply, ReplyStatus, ShadowOf
+from services.workers.consistency import Comparison, compare, fingerprint
+from services.workers.dispatches import REPLY_TEXT_LIMIT, engine_request_for
+from services.workers.engine.base import Engine, RequestRefused
+
+SHADOW_MAX_AGE_S: Final = 30.0
+"""A shadow taken later than this after it was sent is dropped, not run."""
+
+Skipped = Literal["same_worker", "stale", "refused", "incomplete"]
+"""Why a shadow was not compared: it came back to the original's worker, it waited too
+long, the engine refused it, or its run did not end in a full output."""
+
+
+def shadow_for(
+    d: DispatchedRequest, reply: InferenceReply, worker_id: str, now: float
+) -> DispatchedRequest | None:
+    """The shadow to send once ``d`` is answered with ``reply``: none unless admission
+    ordered one and the answer is a whole output (stopped, or at its length)."""
+    if d.shadow is None or reply.status is ReplyStatus.ERROR or reply.text is None:
+        return None
+    if reply.finish_reason not in ("stop", "length"):
+        return None
+    return DispatchedRequest(
+        request=d.request,
+        pool=d.shadow.pool,
+        degradation=d.degradation,
+        admitted_at=now,
+        shadow_of=ShadowOf(
+            worker_id=worker_id,
+            fingerprint=fingerprint(reply.text),
+            exact=d.request.sampling.temperature == 0,
+            min_similarity=d.shadow.min_similarity,
+        ),
+    )
+
+
+def shadow_key(d: DispatchedRequest) -> bytes:
+    """Not the original's key: its partition is the original worker's."""
+    return f"shadow:{d.request.request_id}".encode()
+
+
+async def run_shadow(
+    engine: Engine, d: DispatchedRequest, worker_id: str, now: float
+) -> Comparison | Skipped:
+    """Run the shadow ``d`` (``d.shadow_of`` set) and compare its output with the
+    original's. ``EngineError`` propagates: the engine failing is the worker's failure,
+    whatever request showed it."""
+    original = d.shadow_of
+    assert original is not None
+    if original.worker_id == worker_id:
+        return "same_worker"
+    if now - d.admitted_at > SHADOW_MAX_AGE_S:
+        return "stale"
+    parts: list[str] = []
+    try:
+        async for out in engine.generate(engine_request_for(d, f"{d.request.request_id}#shadow")):
+            parts.append(out.text)
+            if out.finished and out.finish_reason not in ("stop", "length"):
+                return "incomplete"
+    except RequestRefused:
+        return "refused"
+    return compare(original, fingerprint("".join(parts)[:REPLY_TEXT_LIMIT]))
