@@ -70,6 +70,7 @@ def inference_request(
     pool: str = "main",
     region: str = "",
     deadline_in_s: float | None = None,
+    temperature: float = 1.0,
 ) -> InferenceRequest:
     now = time.time()
     return InferenceRequest.model_validate(
@@ -80,7 +81,7 @@ def inference_request(
             "priority": priority,
             "pool": pool,
             "prompt": f"tell me about {rid}",
-            "sampling": SamplingParams(max_tokens=max_tokens),
+            "sampling": SamplingParams(max_tokens=max_tokens, temperature=temperature),
             "reply_to": reply_to,
             "created_at": now,
             "deadline_at": None if deadline_in_s is None else now + deadline_in_s,

@@ -192,6 +192,7 @@ def scaled_config(
     latency_recover_ms: float = LATENCY_ROW.recover_below,
     ttft_slo_ms: float | None = None,
     itl_slo_ms: float | None = None,
+    output_mismatch_rate: float = OUTPUT_MISMATCH_RATE.trip_above,
 ) -> EngineConfig:
     """The default policies with every window and hold multiplied by ``time_scale``, and
     the latency row's thresholds as given (DESIGN's 2000/800 ms fit a fleet whose normal
@@ -235,6 +236,14 @@ def scaled_config(
         small_pool=small_pool,
         max_tokens_cap=max_tokens_cap,
         host_cpu_breaker=host_cpu_breaker,
+        output_mismatch_rate=_scaled(
+            replace(
+                OUTPUT_MISMATCH_RATE,
+                trip_above=output_mismatch_rate,
+                recover_below=output_mismatch_rate / 2,
+            ),
+            k,
+        ),
     )
 
 

@@ -64,6 +64,11 @@ class ControllerSettings(CommonSettings):
     """Degradation level 1: where a pool's non-VIP work is diverted."""
     controller_max_tokens_cap: int = Field(default=512, ge=1, le=32_768)
     """Degradation level 2: the ``max_tokens`` cap of long requests."""
+    controller_output_mismatch_rate: float = Field(default=0.10, gt=0, le=1)
+    """The output-consistency alert: on when more of a pool's shadow runs than this
+    share disagree with their original in five minutes, off below half of it. vLLM's
+    greedy output is not bitwise batch-invariant: measure a healthy pool's rate
+    (``seawall_worker_consistency_checks_total``) before lowering it."""
     controller_host_cpu_breaker: bool = True
     """Feed heartbeats' host CPU to the breaker matrix (off where workers share a host,
     as in ``seawall up``'s simulated fleet)."""
@@ -140,4 +145,5 @@ class ControllerSettings(CommonSettings):
             latency_recover_ms=self.controller_latency_recover_ms,
             ttft_slo_ms=self.controller_ttft_slo_ms,
             itl_slo_ms=self.controller_itl_slo_ms,
+            output_mismatch_rate=self.controller_output_mismatch_rate,
         )

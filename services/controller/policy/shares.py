@@ -9,8 +9,9 @@ alert clears when its events stop. Two of them:
   quiet minute with two long prompts of three pages nobody. Workers count them among
   the requests they finish (``RequestSummary.long_prompts``).
 - **Output mismatches** (the output-consistency check, ``services.workers.shadows``):
-  more than 10 % of a pool's shadow runs in 5 minutes disagree with their original;
-  off below 5 % for a minute; at least 10 comparisons. Not 0 %: vLLM's greedy output
+  more than 10 % (``controller_output_mismatch_rate``) of a pool's shadow runs in 5
+  minutes disagree with their original; off below half that for a minute; at least 10
+  comparisons. Not 0 %: vLLM's greedy output
   is not bitwise batch-invariant, so a healthy pool can show a few mismatches at
   temperature 0 — the rate, not one mismatch, says a model or its numerics changed.
   Workers count them among their shadow runs (``RequestSummary.consistency_*``).
