@@ -44,13 +44,14 @@ def dispatched(
     deadline_in_s: float | None = None,
     priority: Priority = Priority.STANDARD,
     prompt: str | None = None,
+    temperature: float = 1.0,
 ) -> DispatchedRequest:
     now = time.time()
     request = InferenceRequest(
         request_id=f"req-{i}",
         tenant="acme",
         prompt=prompt or f"tell me about item {i}",
-        sampling=SamplingParams(max_tokens=max_tokens),
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature),
         stream=stream,
         reply_to=reply_to,
         created_at=now,

@@ -33,12 +33,18 @@ _ids = itertools.count()
 
 @contextlib.asynccontextmanager
 async def traffic(
-    settings: CommonSettings, topics: Topics, control: ControlState, per_s: int
+    settings: CommonSettings,
+    topics: Topics,
+    control: ControlState,
+    per_s: int,
+    shadows: bool = False,
 ) -> AsyncIterator[None]:
     """``per_s`` requests a second for the pool, each sent to the pool or its canary as
     admission's policy splits it by the control state, until the block ends; the
-    replies go to a topic nobody reads."""
-    policy = AdmissionPolicy(PolicyConfig(AdmissionSettings(dev_mode=True).tier_configs()))
+    replies go to a topic nobody reads. ``shadows``: greedy requests, each ordered a
+    shadow run as admission orders them (``consistency_sample`` 1)."""
+    tiers = AdmissionSettings(dev_mode=True).tier_configs()
+    policy = AdmissionPolicy(PolicyConfig(tiers, consistency_sample=1.0 if shadows else 0.0))
     await ensure_topics(
         settings.kafka_bootstrap, [topics.reply_spec("load"), topics.dispatch_spec(CANARY)]
     )
@@ -50,11 +56,14 @@ async def traffic(
             while True:
                 for _ in range(per_s // 10 or 1):
                     i = next(_ids)
-                    request = dispatched(i, topics.reply("load"), max_tokens=8)
+                    request = dispatched(
+                        i, topics.reply("load"), max_tokens=8, temperature=0.0 if shadows else 1.0
+                    )
                     pool = policy.split("main", request.request, control)
+                    shadow = policy.shadow_order(request.request, pool, control)
                     await producer.send(
                         topics.dispatch(pool),
-                        encode(request.model_copy(update={"pool": pool})),
+                        encode(request.model_copy(update={"pool": pool, "shadow": shadow})),
                         key=f"s{i}".encode(),
                     )
                 await asyncio.sleep(0.1)
@@ -143,6 +152,51 @@ async def test_a_worse_canary_is_rolled_back_with_evidence_and_an_alert_until_ab
     assert "rolled back" in status
     resolved = [a for a in after if a.rule == "canary_rollback" and a.status == "resolved"]
     assert resolved
+
+
+async def test_a_canary_whose_outputs_diverge_is_rolled_back_on_its_mismatch_rate(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    """No errors, no slowness: only its outputs differ from the pool's, which the
+    shadows of the pool's greedy requests, run on the canary, show."""
+    async with (
+        control_log(settings, topics) as control,
+        controller(settings),
+        worker(settings),
+        worker(settings, instance_id="c1", canary_version="v2", sim_divergence=1.0),
+        traffic(settings, topics, control.state, per_s=40, shadows=True),
+    ):
+        seawall(
+            settings,
+            "canary",
+            "start",
+            "--pool",
+            "main",
+            "--version",
+            "v2",
+            "--steps",
+            "10,100",
+            "--hold",
+            "60s",
+            "--check",
+            "1s",
+            "--min-requests",
+            "10",
+            "--max-latency-ratio",
+            "100",
+            "--max-ttft-ratio",
+            "100",
+        )
+        await until(reached(control, "rolled_back"), 60)
+    back = next(
+        e for e in control.of(KEY) if isinstance(e, TrafficSplit) and e.phase == "rolled_back"
+    )
+    assert isinstance(back, TrafficSplit)
+    assert "output mismatch rate" in back.evidence.reason
+    assert "error rate" not in back.evidence.reason
+    assert back.evidence.metrics["canary_mismatch_rate"] > 0.5
+    assert back.evidence.metrics["canary_consistency_checks"] >= 10
+    assert back.evidence.thresholds["canary_mismatch_rate"] == pytest.approx(0.05)
 
 
 async def test_a_healthy_canary_is_promoted_step_by_step(
