@@ -269,6 +269,12 @@ def load(
         float, typer.Option(min=0.0, max=1.0, help="Share of long (512-2048 word) prompts.")
     ] = 0.2,
     max_tokens: Annotated[int, typer.Option(min=1, max=32_768)] = 64,
+    temperature: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=2.0, help="Sampling temperature (0: greedy, what shadow runs sample)."
+        ),
+    ] = 1.0,
     timeout: Annotated[
         float, typer.Option(min=0.1, help="Seconds per request, retries included.")
     ] = 30.0,
@@ -303,6 +309,7 @@ def load(
             tenant_prefix=tenant_prefix,
             prompts=profiles.PromptMix(long_fraction=long_fraction),
             max_tokens=max_tokens,
+            temperature=temperature,
             timeout_s=timeout,
             drain_s=drain,
             max_attempts=max_attempts,

@@ -49,6 +49,7 @@ class LoadConfig:
     tenant_prefix: str = "load"
     prompts: profiles.PromptMix = field(default_factory=profiles.PromptMix)
     max_tokens: int = 64
+    temperature: float = 1.0
     timeout_s: float = 30.0
     """Per request, retries included (the SDK's ``timeout_s``)."""
     drain_s: float = 30.0
@@ -134,6 +135,7 @@ class _Run:
             async for item in self.clients[request.tenant].stream(
                 profiles.prompt_text(request),
                 max_tokens=self.config.max_tokens,
+                temperature=self.config.temperature,
                 request_id=request_id,
             ):
                 if not isinstance(item, InferenceReply):

@@ -98,7 +98,7 @@ from services.workers.gpu import GpuProbe
 from services.workers.profiling import Profiles, answer
 from services.workers.reports import gpu_stats, limits_info
 from services.workers.settings import WorkerSettings
-from services.workers.shadows import run_shadow, shadow_for, shadow_key
+from services.workers.shadows import run_shadow, shadow_for, shadow_key, shadow_partition
 from services.workers.summary import RequestSummarizer
 
 log = logging.getLogger(__name__)
@@ -739,9 +739,17 @@ class Worker(Component):
         shadow = shadow_for(d, reply, self.worker_id, self.clock.time())
         if shadow is None:
             return
+        topic = self.topics.dispatch(shadow.pool)
         try:
+            partition = None
+            if shadow.pool == self.settings.pool:
+                partition = shadow_partition(
+                    shadow,
+                    await self._producer.partitions_for(topic),
+                    (tp.partition for tp in self.partitions),
+                )
             await self._producer.send(
-                self.topics.dispatch(shadow.pool), encode(shadow), key=shadow_key(shadow)
+                topic, encode(shadow), key=shadow_key(shadow), partition=partition
             )
         except Exception as e:
             if not is_infrastructure(e):

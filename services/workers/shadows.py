@@ -4,10 +4,11 @@ Admission samples a share of the requests whose output should repeat — greedy 
 (temperature 0), and sampled ones that carry a seed — and orders a shadow on the
 dispatch (``ShadowOrder``). The worker that answers such a request then sends its
 shadow (``shadow_for``): the same request, with its answer's fingerprint
-(``consistency.fingerprint``) and the worker's id, onto the order's pool. Another
-worker of that pool runs the shadow (``run_shadow``) and compares the outputs; the
-result is counted in its report (``RequestSummary.consistency_*``), which the
-controller turns into a mismatch rate per pool, an alert, and a canary's comparison.
+(``consistency.fingerprint``) and the worker's id, onto the order's pool — on its own
+pool, to a partition it does not own. Another worker of that pool runs the shadow
+(``run_shadow``) and compares the outputs; the result is counted in its report
+(``RequestSummary.consistency_*``), which the controller turns into a mismatch rate per
+pool, an alert, and a canary's comparison.
 
 A shadow answers nobody: no reply, no claim, no completion record, no quota. It costs
 the pool one more run, so admission samples few, and only for pools at level 0 with
@@ -18,6 +19,8 @@ owner), which would only repeat itself.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Final, Literal
 
 from schemas import DispatchedRequest, InferenceReply, ReplyStatus, ShadowOf
@@ -59,6 +62,19 @@ def shadow_for(
 def shadow_key(d: DispatchedRequest) -> bytes:
     """Not the original's key: its partition is the original worker's."""
     return f"shadow:{d.request.request_id}".encode()
+
+
+def shadow_partition(
+    d: DispatchedRequest, partitions: Iterable[int], owned: Iterable[int]
+) -> int | None:
+    """A partition of the shadow's pool topic that the original's worker does not own
+    (picked by the request id), so that another worker runs the shadow; ``None`` when
+    it owns them all (the key then decides, and the shadow may come back)."""
+    others = sorted(set(partitions) - set(owned))
+    if not others:
+        return None
+    digest = hashlib.blake2b(d.request.request_id.encode(), digest_size=8).digest()
+    return others[int.from_bytes(digest) % len(others)]
 
 
 async def run_shadow(

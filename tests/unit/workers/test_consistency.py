@@ -20,7 +20,7 @@ from schemas import (
 from services.workers.consistency import Comparison, fingerprint, similarity
 from services.workers.dispatches import engine_request_for
 from services.workers.engine.sim_core import SimConfig, SimFaults
-from services.workers.shadows import SHADOW_MAX_AGE_S, run_shadow, shadow_for
+from services.workers.shadows import SHADOW_MAX_AGE_S, run_shadow, shadow_for, shadow_partition
 from tests.unit.workers.test_sim_engine import collect, request, started
 
 pytestmark = pytest.mark.unit
@@ -167,3 +167,12 @@ async def test_a_shadow_skips_its_own_worker_and_a_stale_one() -> None:
         assert await run_shadow(engine, shadow, "w1", time.time()) == "same_worker"
         late = time.time() + SHADOW_MAX_AGE_S + 1
         assert await run_shadow(engine, shadow, "w2", late) == "stale"
+
+
+def test_a_shadow_goes_to_a_partition_its_worker_does_not_own() -> None:
+    picks = {
+        shadow_partition(dispatch().model_copy(update={"request": r}), range(6), {0, 2})
+        for r in (dispatch().request.model_copy(update={"request_id": f"r{i}"}) for i in range(200))
+    }
+    assert picks == {1, 3, 4, 5}
+    assert shadow_partition(dispatch(), range(3), {0, 1, 2}) is None
