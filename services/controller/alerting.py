@@ -20,6 +20,7 @@ why without another lookup.
 from __future__ import annotations
 
 from schemas import BreakerLevel, Evidence
+from schemas.alerts import AlertRule
 from services.controller.engine import PoolEngine
 from services.controller.policy import Circuit
 from services.controller.policy.alerts import Condition
@@ -76,30 +77,16 @@ def conditions(engine: PoolEngine) -> list[Condition]:
                 _evidence(engine, f"degradation/{engine.scope}", "degraded"),
             )
         )
-    if engine.long_prompts is not None:
-        share = engine.long_prompts.metrics.get("long_prompt_share")
-        shown = "" if share is None else f" ({share:.0%} of its prompts)"
-        found.append(
-            Condition(
-                "long_prompt_share",
-                engine.scope,
-                pool,
-                "warning",
-                f"long prompts are over their share in pool {pool}{shown}",
-                engine.long_prompts,
-            )
-        )
-    if engine.output_mismatches is not None:
-        rate = engine.output_mismatches.metrics.get("output_mismatch_rate")
-        shown = "" if rate is None else f" ({rate:.0%} of its shadow runs)"
-        found.append(
-            Condition(
-                "output_inconsistency",
-                engine.scope,
-                pool,
-                "warning",
-                f"outputs of pool {pool} are not reproduced by their shadow runs{shown}",
-                engine.output_mismatches,
-            )
-        )
+    shares: tuple[tuple[AlertRule, Evidence | None, str, str, str], ...] = (
+        ("long_prompt_share", engine.long_prompts, "long_prompt_share", "of its prompts",
+         f"long prompts are over their share in pool {pool}"),
+        ("output_inconsistency", engine.output_mismatches, "output_mismatch_rate",
+         "of its shadow runs", f"outputs of pool {pool} are not reproduced by their shadow runs"),
+    )  # fmt: skip
+    for rule, evidence, metric, of_what, summary in shares:
+        if evidence is None:
+            continue
+        share = evidence.metrics.get(metric)
+        shown = "" if share is None else f" ({share:.0%} {of_what})"
+        found.append(Condition(rule, engine.scope, pool, "warning", summary + shown, evidence))
     return found
