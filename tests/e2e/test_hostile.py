@@ -167,6 +167,10 @@ class Corpus:
         if topic == self.topics.ingress and (not signed or message.api_key_id != self.key_id):
             self.records.append(Hostile(topic, value, None, headers=headers))
             return
+        if isinstance(message, DispatchedRequest) and message.shadow_of is not None:
+            # a shadow run answers nobody: its worker compares and counts it
+            self.records.append(Hostile(topic, value, None, silent=True))
+            return
         request = message.request if isinstance(message, DispatchedRequest) else message
         if isinstance(request, InferenceRequest):
             ours = request.reply_to == self.ours
