@@ -316,6 +316,12 @@ def sticky_point(key: str) -> float:
     return int.from_bytes(digest) / 2**64
 
 
+def canaries_of(split: TrafficSplit) -> list[str]:
+    """The canary pools ``split`` shares its pool's traffic with, in name order: only
+    the pool's own canaries (any other target is ignored)."""
+    return sorted(t for t in split.weights if t != split.pool and base_pool(t) == split.pool)
+
+
 def _scoped(control: ControlState, kind: type[E], pool: str) -> E | None:
     """A pool's own decision, else the fleet-wide one."""
     return control.get(kind, f"pool:{pool}") or control.get(kind, "fleet")
@@ -383,10 +389,8 @@ class AdmissionPolicy:
             return pool
         point = sticky_point(f"{pool}/{request.dispatch_key}")
         share = 0.0
-        for target, weight in sorted(event.weights.items()):
-            if target == pool or base_pool(target) != pool:
-                continue  # only the pool's own canaries take its traffic
-            share += weight
+        for target in canaries_of(event):
+            share += event.weights[target]
             if point < share:
                 return target
         return pool
@@ -396,8 +400,8 @@ class AdmissionPolicy:
         canaries = {
             target
             for event in control.all(TrafficSplit)
-            for target in event.weights
-            if target not in self.config.pools and base_pool(target) == event.pool
+            for target in canaries_of(event)
+            if target not in self.config.pools
         }
         return (*self.config.pools, *sorted(canaries))
 
@@ -650,13 +654,9 @@ class AdmissionPolicy:
             return None  # nothing to compare: two runs may rightly differ
         if sticky_point(f"shadow/{request.request_id}") >= self.config.consistency_sample:
             return None
-        target = pool
         split = control.get(TrafficSplit, f"pool:{pool}")
-        if split is not None:
-            canaries = sorted(
-                t for t, w in split.weights.items() if w > 0 and t != pool and base_pool(t) == pool
-            )
-            target = canaries[0] if canaries else pool
+        taking = [t for t in canaries_of(split) if split.weights[t] > 0] if split else []
+        target = taking[0] if taking else pool
         return ShadowOrder(pool=target, min_similarity=self.config.consistency_min_similarity)
 
     def shed(self, request: InferenceRequest, accepted: Accepted, now: float) -> Reply:
