@@ -332,6 +332,13 @@ def wire_evidence(evidence: PolicyEvidence, previous: str | None) -> Evidence:
     )
 
 
+def _latched(decision: Decision[bool] | None, current: Evidence | None) -> Evidence | None:
+    """A share alert's evidence while it is on, after its latest evaluation."""
+    if decision is None:
+        return current
+    return wire_evidence(decision.evidence, "off") if decision.new_state else None
+
+
 def republished(event: E, now: float, seq: int, valid_for_s: float) -> E:
     """A decision still in force, published again: valid ``valid_for_s`` from now, with
     its ``issued_at`` kept (readers see since when it holds) until that would take
@@ -787,16 +794,8 @@ class PoolEngine:
         if ladder is not None:
             previous = describe_degradation(ladder.previous_state)
             self._issue_degradation(ladder.new_state, ladder.evidence, previous, now)
-        long_prompts = self._long_prompts.evaluate(now)
-        if long_prompts is not None:
-            self.long_prompts = (
-                wire_evidence(long_prompts.evidence, "off") if long_prompts.new_state else None
-            )
-        mismatches = self._mismatches.evaluate(now)
-        if mismatches is not None:
-            self.output_mismatches = (
-                wire_evidence(mismatches.evidence, "off") if mismatches.new_state else None
-            )
+        self.long_prompts = _latched(self._long_prompts.evaluate(now), self.long_prompts)
+        self.output_mismatches = _latched(self._mismatches.evaluate(now), self.output_mismatches)
         republished: tuple[ControlEvent, ...] = ()
         if now - self._last_republish >= cfg.republish_s:
             self._last_republish = now
