@@ -64,13 +64,18 @@ def test_the_static_fallback_rung_is_critical() -> None:
     assert rules(fleet) == {("degradation", "pool:main"): "critical"}
 
 
+def report_of(at: float, summary: RequestSummarizer) -> WorkerReport:
+    """Worker w1's report at ``at`` with what ``summary`` counted since a second before."""
+    return WorkerReport(
+        worker_id="w1", pool="main", at=at, heartbeat=heartbeat("w1", at), requests=summary.take(at)
+    )
+
+
 def long_prompt_report(at: float, long: int, short: int) -> WorkerReport:
     summary = RequestSummarizer(at - 1.0)
     for tokens in [5000] * long + [100] * short:
         summary.add(50.0, ok=True, prompt_tokens=tokens, completion_tokens=10)
-    return WorkerReport(
-        worker_id="w1", pool="main", at=at, heartbeat=heartbeat("w1", at), requests=summary.take(at)
-    )
+    return report_of(at, summary)
 
 
 def test_the_long_prompt_share_raises_an_alert_that_decays_when_traffic_stops() -> None:
@@ -96,9 +101,7 @@ def shadow_report(at: float, checks: int, mismatches: int) -> WorkerReport:
     summary = RequestSummarizer(at - 1.0)
     for n in range(checks):
         summary.add_consistency(agrees=n >= mismatches, similarity=0.4 if n < mismatches else 1.0)
-    return WorkerReport(
-        worker_id="w1", pool="main", at=at, heartbeat=heartbeat("w1", at), requests=summary.take(at)
-    )
+    return report_of(at, summary)
 
 
 def test_shadow_runs_that_disagree_raise_an_alert_that_clears_when_they_agree_again() -> None:
