@@ -141,9 +141,11 @@ class Email:
 
     async def send(self, note: Notification) -> None:
         message = as_email(note, self._config.sender, self._config.recipients)
-        await asyncio.wait_for(
-            asyncio.to_thread(self._deliver, message), self._config.timeout_s + 1.0
-        )
+        # asyncio.timeout, not wait_for: before Python 3.12 wait_for swallows a
+        # cancellation that arrives as the thread finishes, and the channel's task then
+        # waits on its queue forever instead of stopping (seen in CI: stop() hung).
+        async with asyncio.timeout(self._config.timeout_s + 1.0):
+            await asyncio.to_thread(self._deliver, message)
 
     def _deliver(self, message: EmailMessage) -> None:
         c = self._config

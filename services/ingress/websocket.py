@@ -208,7 +208,8 @@ class WebSocketSessions:
                     return CLOSE_IDLE
                 wait_s = min(wait_s, idle_left)
             try:
-                text = await asyncio.wait_for(socket.ws.receive_text(), timeout=min(wait_s, 1.0))
+                async with asyncio.timeout(min(wait_s, 1.0)):  # not wait_for: see wait_set
+                    text = await socket.ws.receive_text()
             except TimeoutError:
                 if socket.in_flight:
                     idle_since = time.monotonic()  # a request in flight is not idleness

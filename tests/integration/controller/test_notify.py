@@ -142,3 +142,20 @@ def test_the_json_body_is_plain_json() -> None:
     from services.controller.notify import as_json
 
     assert json.loads(json.dumps(as_json(notification(1))))["alerts"][0]["count"] == 1
+
+
+async def test_a_stop_that_arrives_as_an_email_is_handed_over_still_stops_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The race CI hit: the SMTP thread finishes in the same loop turn as the cancel.
+    Before Python 3.12 ``asyncio.wait_for`` returned the thread's result there and
+    swallowed the cancel, so the channel went back to its queue and stop() hung."""
+    handed_over: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    monkeypatch.setattr(asyncio, "to_thread", lambda *_: handed_over)
+    email = Email(SmtpConfig("127.0.0.1", 25, "seawall@example.org", ("ops@example.org",)))
+    sending = asyncio.create_task(email.send(notification()))
+    await asyncio.sleep(0)  # sending now waits on the thread
+    handed_over.set_result(None)
+    sending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(sending, 5)
