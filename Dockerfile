@@ -16,13 +16,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Only what the package is built from (.dockerignore keeps the rest out of the context).
+# Only what the packages are built from (.dockerignore keeps the rest out of the
+# context): the client distribution the servers build on, then the servers.
+COPY client ./client
 COPY pyproject.toml README.md ./
-COPY schemas ./schemas
 COPY seawall ./seawall
 COPY services ./services
 
-RUN pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}" \
+RUN pip install --no-cache-dir ./client ".${EXTRAS:+[$EXTRAS]}" \
     && groupadd --gid 10001 seawall \
     && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin seawall \
     && mkdir -p /home/seawall/.cache \

@@ -61,7 +61,7 @@ class Loop:
 
 
 class VirtualClock:
-    """``services.common.clock.Clock`` on the loop: epoch seconds and monotonic seconds."""
+    """``seawall_client.clock.Clock`` on the loop: epoch seconds and monotonic seconds."""
 
     def __init__(self, loop: Loop) -> None:
         self._loop = loop

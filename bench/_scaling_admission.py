@@ -41,12 +41,13 @@ from aiokafka import AIOKafkaProducer
 from rate_limiter import ROOMY
 
 from schemas import Tier
+from seawall_client.kafka import ensure_topics
+from seawall_client.topics import RedisKeys
 from services.admission.bucket import DIMENSIONS, BucketState, ttl_ms
 from services.admission.quota import QuotaRequest, RedisQuota, quota_key
 from services.admission.settings import AdmissionSettings
-from services.common.bus import ensure_topics, make_producer, topics_of
+from services.common.bus import make_producer, topics_of
 from services.common.settings import CommonSettings
-from services.common.topics import RedisKeys
 from services.ingress.keys import DEFAULT_POLICY, disabled_at, generate_key
 from services.ingress.keystore import AuditLog, KeyStore
 

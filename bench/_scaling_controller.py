@@ -101,8 +101,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import ControlEvent, DegradationLevel, Evidence
 from seawall.embedded import free_port
-from services.common.bus import ensure_topics, make_consumer, make_producer, topics_of
-from services.common.serde import CONTROL, TELEMETRY, DecodeError, decode, encode
+from seawall_client.kafka import ensure_topics
+from seawall_client.serde import CONTROL, TELEMETRY, DecodeError, decode, encode
+from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.settings import CommonSettings
 from services.controller.engine import PoolEngine
 from services.controller.settings import ControllerSettings

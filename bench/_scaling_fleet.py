@@ -34,8 +34,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
 from schemas import WorkerReport
+from seawall_client.serde import encode
 from services.common.bus import make_producer
-from services.common.serde import encode
 from services.common.settings import CommonSettings
 from services.workers.settings import WorkerSettings
 from services.workers.summary import RequestSummarizer

@@ -47,7 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from schemas import Priority
-from seawall.client import SeawallClient
+from seawall_client import SeawallClient
 from services.common.bus import make_consumer, topics_of
 from tests.chaos import timed_calls
 from tests.stack import Stack, launch
@@ -108,7 +108,7 @@ async def run(args: argparse.Namespace, hints: bool) -> dict[str, Any]:
     ):
         abuser = stack.key("abuser", "basic")["key"]
         polite = SeawallClient(
-            api_key=stack.key("polite", "enterprise")["key"], settings=stack.settings
+            api_key=stack.key("polite", "enterprise")["key"], kafka=stack.settings.kafka
         )
         await polite.start()
         try:

@@ -85,12 +85,13 @@ from schemas import (
     WorkerHeartbeat,
 )
 from seawall.procs import ChildProcess
+from seawall_client.kafka import ensure_topics
+from seawall_client.serde import encode
+from seawall_client.topics import Topics, TopicSpec
 from services.admission.settings import AdmissionSettings
-from services.common.bus import ensure_topics, make_consumer, make_producer, topics_of
-from services.common.serde import encode
+from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.settings import DEFAULT_REDIS_URL, CommonSettings
 from services.common.tokenizer import count_tokens
-from services.common.topics import Topics, TopicSpec
 
 POOLS = ("main", "small")
 TENANTS: tuple[tuple[str, Tier], ...] = tuple(

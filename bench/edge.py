@@ -31,9 +31,10 @@ from aiokafka import AIOKafkaProducer
 
 from schemas import InferenceRequest, Priority, SamplingParams, Tier
 from schemas.signed import HEADER_KEY_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP
-from services.common import signing
-from services.common.bus import ensure_topics, make_consumer, make_producer, topics_of
-from services.common.serde import REQUEST, decode, encode
+from seawall_client import signing
+from seawall_client.kafka import ensure_topics
+from seawall_client.serde import REQUEST, decode, encode
+from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.settings import CommonSettings
 from services.ingress.service import IngressService
 from services.ingress.settings import IngressSettings

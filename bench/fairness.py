@@ -41,7 +41,7 @@ from _common import machine, output_dir, ratio, summary
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from schemas import InferenceReply, ReplyStatus
-from seawall.client import SeawallClient
+from seawall_client import SeawallClient
 from tests.chaos import Outcome, timed_calls
 from tests.stack import Stack, launch
 
@@ -91,7 +91,7 @@ async def phase(
     if loaded:
         for b in range(args.basic):
             key = stack.key(f"fair-basic-{tag}-{b}", "basic")["key"]
-            client = SeawallClient(api_key=key, settings=stack.settings)
+            client = SeawallClient(api_key=key, kafka=stack.settings.kafka)
             await client.start()
             clients.append(client)
             for j in range(args.loops):
@@ -170,7 +170,7 @@ async def main() -> None:
         launch(Path(tmp), args.redis, "--enterprise-workers", "0") as stack,
     ):
         vip = SeawallClient(
-            api_key=stack.key("fair-vip", "enterprise")["key"], settings=stack.settings
+            api_key=stack.key("fair-vip", "enterprise")["key"], kafka=stack.settings.kafka
         )
         await vip.start()
         try:

@@ -45,14 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiokafka import AIOKafkaProducer
 
-from seawall.client import SeawallClient
-from services.common.bus import (
-    ensure_topics,
-    make_consumer,
-    make_producer,
-)
+from seawall_client import SeawallClient
+from seawall_client.kafka import ensure_topics
+from seawall_client.topics import TopicSpec
+from services.common.bus import make_consumer, make_producer
 from services.common.settings import CommonSettings
-from services.common.topics import TopicSpec
 from tests.chaos import Traffic, failed, kill_matrix, timed_calls
 from tests.faults import TcpProxy
 from tests.stack import behind_delay, launch
@@ -158,7 +155,7 @@ async def run_delay(work: Path, redis_url: str, n: int, rate_per_s: float) -> di
         proxy,
     ):
         key = stack.key("delay-co", "enterprise")
-        async with SeawallClient(api_key=key["key"], settings=stack.settings) as c:
+        async with SeawallClient(api_key=key["key"], kafka=stack.settings.kafka) as c:
             await timed_calls(c, 10, 2.0, "warm")
             alone = [t for t, _ in await timed_calls(c, 5, 0.5, "alone")]
             generation_s = min(alone)  # the engine and one pass, nothing queued

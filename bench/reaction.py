@@ -87,9 +87,10 @@ from schemas import (
     GpuStats,
     WorkerReport,
 )
-from services.common.bus import ensure_topics, make_producer, topics_of
+from seawall_client.kafka import ensure_topics
+from seawall_client.serde import encode
+from services.common.bus import make_producer, topics_of
 from services.common.control import ControlFollower, ControlState
-from services.common.serde import encode
 from services.common.settings import CommonSettings
 from services.workers.summary import RequestSummarizer
 

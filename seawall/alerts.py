@@ -19,8 +19,8 @@ from rich.table import Table
 
 from schemas import Alert
 from seawall.events import evidence_text, tail
+from seawall_client.serde import ALERT, DecodeError, decode
 from services.common.bus import topics_of
-from services.common.serde import ALERT, DecodeError, decode
 from services.common.settings import CommonSettings
 
 _COLOURS = {"critical": "red", "warning": "yellow", "info": "cyan"}

@@ -34,9 +34,9 @@ from schemas import (
     RegionThrottle,
     TrafficSplit,
 )
+from seawall_client.serde import CONTROL, DecodeError, decode
 from services.common.bus import make_consumer, topics_of
 from services.common.control import ControlState, in_force
-from services.common.serde import CONTROL, DecodeError, decode
 from services.common.settings import CommonSettings
 
 _KIND_TYPES: tuple[type[ControlEvent], ...] = get_args(get_args(ControlEvent)[0])

@@ -35,8 +35,8 @@ from pydantic import TypeAdapter
 
 from schemas import ControlEvent, RequestCompleted, TelemetryEvent
 from seawall.reading import partitions, read_to_end, seek_since
+from seawall_client.serde import COMPLETION, CONTROL, TELEMETRY, DecodeError, decode
 from services.common.bus import make_consumer, topics_of
-from services.common.serde import COMPLETION, CONTROL, TELEMETRY, DecodeError, decode
 from services.common.settings import CommonSettings
 
 FORMAT_VERSION = 1

@@ -35,11 +35,12 @@ from schemas import (
     RegionThrottle,
 )
 from seawall.reading import partitions, read_to_end
-from services.common.bus import ensure_topics, make_consumer, make_producer, topics_of
+from seawall_client.kafka import ensure_topics
+from seawall_client.serde import CONTROL, DecodeError, decode, encode
+from seawall_client.topics import canary_pool
+from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.control import ControlState
-from services.common.serde import CONTROL, DecodeError, decode, encode
 from services.common.settings import CommonSettings
-from services.common.topics import canary_pool
 
 MAX_TTL_S = 86_400.0
 DEFAULT_TTL_S = 3_600.0

@@ -18,9 +18,9 @@ from aiokafka.errors import KafkaError
 from pydantic import TypeAdapter, ValidationError
 
 from schemas import ChatMessage, InferenceReply, ReplyChunk, ReplyStatus
-from seawall.client import ReplyRouterClosed, SeawallClient
+from seawall_client import ReplyRouterClosed, SeawallClient
+from seawall_client.signing import KEY_PREFIX, key_id_of
 from services.common.settings import CommonSettings
-from services.common.signing import KEY_PREFIX, key_id_of
 
 SERVED = frozenset({ReplyStatus.OK, ReplyStatus.DEGRADED})
 _MESSAGES: TypeAdapter[list[ChatMessage]] = TypeAdapter(list[ChatMessage])
@@ -105,7 +105,7 @@ async def submit(
 ) -> Submitted:
     """Send one request; write its text to ``out`` (as it streams in) unless ``None``.
     ``TimeoutError`` when no terminal reply came within ``timeout_s``."""
-    async with SeawallClient(api_key=key, settings=settings, timeout_s=timeout_s) as client:
+    async with SeawallClient(api_key=key, kafka=settings.kafka, timeout_s=timeout_s) as client:
         started = time.monotonic()
         first: float | None = None
         reply: InferenceReply | None = None

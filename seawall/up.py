@@ -26,8 +26,9 @@ from rich.table import Table
 
 from seawall import embedded
 from seawall.procs import ChildProcess
-from services.common.bus import ensure_topics, wait_for_broker
-from services.common.topics import Topics
+from seawall_client.kafka import ensure_topics
+from seawall_client.topics import Topics
+from services.common.bus import wait_for_broker
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -256,7 +257,8 @@ class Stack:
         return self.options.state_dir / "stack.env"
 
     def _write_stack_env(self) -> None:
-        """How to reach this stack, for commands run beside it (see settings.STACK_ENV_FILE)."""
+        """How to reach this stack, for commands and clients run beside it (see
+        ``seawall_client.kafka.STACK_ENV_FILE``)."""
         shared = {k: v for k, v in self.child_env("cli").items() if k.startswith("SEAWALL_")}
         shared.pop("SEAWALL_INSTANCE_ID")
         self.options.state_dir.mkdir(parents=True, exist_ok=True)

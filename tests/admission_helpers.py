@@ -27,15 +27,15 @@ from schemas import (
     WorkerHeartbeat,
 )
 from schemas.base import Message
+from seawall_client.serde import DISPATCH, decode, encode
+from seawall_client.topics import Topics
 from services.admission.capacity import WorkerStatus
 from services.admission.cost import NO_COST, Cost
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_consumer, make_producer
 from services.common.control import ControlState
 from services.common.lifecycle import Component
-from services.common.serde import DISPATCH, decode, encode
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from tests.fleet import in_background
 
 EVIDENCE = Evidence(reason="test")

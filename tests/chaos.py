@@ -20,7 +20,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from schemas import InferenceReply, Priority, ReasonCode, ReplyChunk, ReplyStatus
-from seawall.client import SeawallClient
+from seawall_client import SeawallClient
 from services.common.bus import make_consumer, topics_of
 from tests.faults import TcpProxy
 from tests.stack import Stack
@@ -202,7 +202,7 @@ async def kill_matrix(
     return the figures (``tests/e2e/test_kill_matrix.py`` says what must hold)."""
     tiers = ("enterprise", "pro", "basic")
     keys = {t: stack.key(f"km-{t}", t) for t in tiers}
-    clients = {t: SeawallClient(api_key=keys[t]["key"], settings=stack.settings) for t in tiers}
+    clients = {t: SeawallClient(api_key=keys[t]["key"], kafka=stack.settings.kafka) for t in tiers}
     for c in clients.values():
         await c.start()
     calls: list[Call] = []

@@ -31,9 +31,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from seawall import embedded
-from services.common.bus import ensure_topics, topics_of, wait_for_broker
+from seawall_client.kafka import ensure_topics
+from seawall_client.topics import Topics
+from services.common.bus import topics_of, wait_for_broker
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 
 TESTS = Path(__file__).parent
 

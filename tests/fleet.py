@@ -23,10 +23,11 @@ from schemas import (
     WorkerReport,
 )
 from schemas.base import Message
-from services.common.bus import ensure_topics, make_consumer, make_producer
-from services.common.serde import COMPLETION, REPLY, TELEMETRY, decode, encode
+from seawall_client.kafka import ensure_topics
+from seawall_client.serde import COMPLETION, REPLY, TELEMETRY, decode, encode
+from seawall_client.topics import Topics
+from services.common.bus import make_consumer, make_producer
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from services.workers.engine.factory import build_engine
 from services.workers.engine.sim import SimulatedEngine
 from services.workers.gpu import SimulatedGpuProbe

@@ -24,10 +24,10 @@ from rich.live import Live
 from rich.markup import escape
 
 from schemas import TIER_PRIORITY, InferenceReply, ReasonCode, Tier
-from seawall.client import ClientStats, ReplyRouterClosed, RetryPolicy, SeawallClient
 from seawall.load import display, profiles, stats
 from seawall.load.profiles import PlannedRequest, Tenant
-from seawall.retry import attempt_of
+from seawall_client import ClientStats, ReplyRouterClosed, RetryPolicy, SeawallClient
+from seawall_client.retry import attempt_of
 from services.ingress.keys import IssuedKey
 from services.ingress.keys_cli import open_keystore
 from services.ingress.keystore import KeyStore
@@ -199,7 +199,7 @@ async def run(config: LoadConfig, settings: IngressSettings, console: Console) -
         keys = await tenant_keys(store, tenants)
     retry = RetryPolicy(max_attempts=config.max_attempts)
     clients = [
-        SeawallClient(api_key=k.key, settings=settings, retry=retry, timeout_s=config.timeout_s)
+        SeawallClient(api_key=k.key, kafka=settings.kafka, retry=retry, timeout_s=config.timeout_s)
         for k in keys
     ]
     async with AsyncExitStack() as exits:

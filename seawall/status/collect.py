@@ -19,9 +19,9 @@ from rich.markup import escape
 from seawall.reading import partitions, read_to_end, seek_since
 from seawall.status.fold import GROUP_STEM, STALE_AFTER_S, FleetStatus, StatusFold, lags
 from seawall.status.render import render
+from seawall_client.topics import Topics
 from services.common.bus import make_consumer, topics_of
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 
 
 class StatusError(Exception):

@@ -30,8 +30,8 @@ from schemas import (
     WorkerReport,
 )
 from seawall.events import describe, expired
+from seawall_client.serde import CONTROL, TELEMETRY, DecodeError, decode
 from services.common.control import ControlState
-from services.common.serde import CONTROL, TELEMETRY, DecodeError, decode
 from services.controller.settings import ControllerSettings
 
 STALE_AFTER_S: float = ControllerSettings.model_fields["controller_heartbeat_timeout_s"].default

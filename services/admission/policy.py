@@ -111,13 +111,13 @@ from schemas import (
     Tier,
     TrafficSplit,
 )
+from seawall_client.topics import base_pool
 from services.admission.bucket import Limit, QuotaDecision, TierConfig
 from services.admission.cost import NO_COST, Cost
 from services.admission.quota import QuotaRequest
 from services.admission.ttft import PoolForecast, predict
 from services.common.control import ControlState, isolates
 from services.common.tokenizer import count_tokens
-from services.common.topics import base_pool
 
 E = TypeVar("E", BreakerState, DegradationLevel)
 

@@ -50,6 +50,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from schemas import Tier
+from seawall_client.topics import RedisKeys
 from services.admission.bucket import (
     DEFAULT_TTL_MARGIN_MS,
     DIMENSIONS,
@@ -68,7 +69,6 @@ from services.admission.bucket import (
 )
 from services.common.failures import StoreUnavailable
 from services.common.lua import Call, Lua
-from services.common.topics import RedisKeys
 
 __all__ = [
     "REDIS_DOWN_OUTCOME",

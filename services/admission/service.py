@@ -75,6 +75,10 @@ from schemas import (
     ReasonCode,
     Tier,
 )
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.kafka import close, ensure_topics, start_tail
+from seawall_client.serde import COMPLETION, REQUEST, TELEMETRY, DecodeError, decode, encode
+from seawall_client.topics import RedisKeys
 from services.admission import metrics as m
 from services.admission.bucket import QuotaDecision
 from services.admission.capacity import CapacityConfig, FleetCapacity, Placement
@@ -103,16 +107,7 @@ from services.admission.quota import (
 )
 from services.admission.scheduler import PriorityScheduler
 from services.admission.settings import AdmissionSettings
-from services.common.bus import (
-    close,
-    commit_done,
-    ensure_topics,
-    make_consumer,
-    make_producer,
-    start_tail,
-    topics_of,
-)
-from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.bus import commit_done, make_consumer, make_producer, topics_of
 from services.common.consuming import ConsumerLoop, Record, observe_lag, retry_unavailable
 from services.common.control import ControlFollower, ControlState
 from services.common.deadletters import DeadLetters, failure_of
@@ -121,8 +116,6 @@ from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks, wait_set
 from services.common.offsets import OffsetTracker
 from services.common.redisclient import exists_each, make_redis
-from services.common.serde import COMPLETION, REQUEST, TELEMETRY, DecodeError, decode, encode
-from services.common.topics import RedisKeys
 
 log = logging.getLogger(__name__)
 

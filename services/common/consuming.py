@@ -34,7 +34,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import Counter, Gauge
 
-from services.common.bus import close
+from seawall_client.kafka import close
 from services.common.deadletters import DeadLetters
 from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks

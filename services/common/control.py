@@ -29,12 +29,13 @@ from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge
 
 from schemas import BreakerLevel, BreakerState, ControlEvent
-from services.common.bus import close, make_consumer
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.kafka import close
+from seawall_client.serde import CONTROL, decode
+from services.common.bus import make_consumer
 from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.lifecycle import Component
-from services.common.serde import CONTROL, decode
 from services.common.settings import CommonSettings
 
 log = logging.getLogger(__name__)

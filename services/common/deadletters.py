@@ -25,10 +25,10 @@ from prometheus_client import Counter
 
 from schemas import DeadLetter
 from schemas.deadletter import EXCERPT_BYTES, KEY_EXCERPT_BYTES
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.serde import DecodeError, encode
 from services.common.failures import Backoff
 from services.common.sensitive import detect, redact
-from services.common.serde import DecodeError, encode
 
 log = logging.getLogger(__name__)
 

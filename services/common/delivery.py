@@ -26,10 +26,10 @@ from aiokafka.errors import KafkaError
 from prometheus_client import Counter
 from pydantic import BaseModel
 
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.serde import DecodeError, encode
+from seawall_client.topics import Topics
 from services.common.failures import StoreUnavailable
-from services.common.serde import DecodeError, encode
-from services.common.topics import Topics
 
 UNDELIVERABLE = Counter(
     "seawall_replies_undeliverable_total",

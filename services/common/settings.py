@@ -3,22 +3,19 @@ own fields. All come from the environment with the prefix ``SEAWALL_``."""
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Annotated, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-DEFAULT_BROKER = "127.0.0.1:9092"
-#: Written by ``seawall up`` while it runs: how to reach its stack. Commands run beside
-#: it (``seawall keys``, ``seawall events``, …) read it; the environment wins over it.
-STACK_ENV_FILE = os.environ.get("SEAWALL_ENV_FILE", ".seawall/stack.env")
+from seawall_client.kafka import (
+    DEFAULT_BROKER,
+    STACK_ENV_FILE,
+    KafkaConfig,
+    default_instance_id,
+)
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def default_instance_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class CommonSettings(BaseSettings):
@@ -70,6 +67,18 @@ class CommonSettings(BaseSettings):
     container or pod, for Prometheus on another host to scrape."""
     shutdown_grace_s: float = Field(default=20.0, ge=0, le=3600)
     """How long a SIGTERM'd service may spend finishing in-flight work."""
+
+    @property
+    def kafka(self) -> KafkaConfig:
+        """What the Kafka clients are built from (``seawall_client.kafka``)."""
+        return KafkaConfig(
+            bootstrap=self.kafka_bootstrap,
+            idempotence=self.kafka_idempotence,
+            topic_prefix=self.topic_prefix,
+            topic_replication=self.topic_replication,
+            fetch_max_wait_ms=self.consumer_fetch_max_wait_ms,
+            instance_id=self.instance_id,
+        )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -56,14 +56,15 @@ from faust.types import StreamT
 from pydantic import ValidationError
 
 from schemas import ControlEvent, TelemetryEvent
-from services.common.bus import close, ensure_topics, make_producer, topics_of
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.kafka import close, ensure_topics
+from seawall_client.serde import TELEMETRY, DecodeError, decode, encode
+from seawall_client.topics import base_pool
+from services.common.bus import make_producer, topics_of
 from services.common.control import ControlFollower, ControlState
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.failures import is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks, wait_set
-from services.common.serde import TELEMETRY, DecodeError, decode, encode
-from services.common.topics import base_pool
 from services.controller import metrics as m
 from services.controller.alerting import conditions
 from services.controller.canaries import CanaryReleases

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from schemas import CanaryRelease, Evidence, TrafficSplit
+from seawall_client.topics import canary_pool
 from services.common.control import ControlState
-from services.common.topics import canary_pool
 from services.controller.engine import PoolEngine, republished, wire_evidence
 from services.controller.policy.alerts import Condition
 from services.controller.policy.canary import Arm, CanaryConfig, CanaryJudge, CanaryStatus

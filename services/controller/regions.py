@@ -23,13 +23,14 @@ import logging
 from collections.abc import Callable
 
 from schemas import BreakerLevel, BreakerState, DegradationLevel, RegionThrottle
-from services.common.bus import close, make_consumer, make_producer, start_tail, topics_of
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.kafka import close, start_tail
+from seawall_client.serde import ARRIVALS, decode, encode
+from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.consuming import ConsumerLoop, Record
 from services.common.control import ControlState
 from services.common.deadletters import failure_of
 from services.common.lifecycle import Component
-from services.common.serde import ARRIVALS, decode, encode
 from services.controller.engine import republished, wire_evidence
 from services.controller.policy.alerts import Condition
 from services.controller.policy.decision import Decision

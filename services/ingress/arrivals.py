@@ -17,10 +17,10 @@ from aiokafka import AIOKafkaProducer
 
 from schemas import RegionArrivals
 from schemas.arrivals import MAX_REGIONS
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.serde import encode
 from services.common.failures import is_infrastructure
 from services.common.lifecycle import Component
-from services.common.serde import encode
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client import Counter
 
 from schemas import AuditEvent
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.serde import encode
 from services.common.lifecycle import Component, cancel_tasks
-from services.common.serde import encode
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 
-from services.common.bus import close, make_consumer, start_tail
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.kafka import close, start_tail
+from seawall_client.serde import HINT, decode
+from services.common.bus import make_consumer
 from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import failure_of
 from services.common.lifecycle import Component
-from services.common.serde import HINT, decode
 from services.common.settings import CommonSettings
 from services.ingress import metrics as m
 from services.ingress.hints import QuotaHints

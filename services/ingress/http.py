@@ -42,14 +42,15 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from schemas import ClientMeta, InferenceReply, InferenceRequest, ReplyChunk
-from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.replies import ReplyItem, ReplyRouter, ReplyRouterClosed, ReplyStream
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.streams import ReplyItem, ReplyRouterClosed, ReplyStream
 from services.ingress import metrics as m
 from services.ingress import openai as oai
 from services.ingress.filters.body import check_declared_length
 from services.ingress.filters.geo import client_address
 from services.ingress.openapi import openapi_document
 from services.ingress.pipeline import Gate, Principal, Refusal, body_too_large, invalid
+from services.ingress.replies import ReplyRouter
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The Kafka ingress: requests that producers post straight onto ``llm.ingress``.
 
-A record must prove its key: it is signed with the API key (``services.common.signing``:
+A record must prove its key: it is signed with the API key (``seawall_client.signing``:
 headers ``seawall-key-id``, ``seawall-timestamp``, ``seawall-signature``, an HMAC over
 the timestamp, the key id and the SHA-256 of the value). Then it goes through the same
 gate as an HTTP request (``pipeline.py``); tenant, tier and priority are the key's,
@@ -43,14 +43,14 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 
 from schemas import AbortRequest, InferenceReply, InferenceRequest, ReasonCode, ReplyStatus
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.serde import INGRESS, DecodeError, decode
+from seawall_client.topics import Topics
 from services.common.bus import make_consumer
-from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.delivery import Replies, Undeliverable
 from services.common.lifecycle import Component
-from services.common.serde import INGRESS, DecodeError, decode
-from services.common.topics import Topics
 from services.ingress import metrics as m
 from services.ingress.keys import KeyRecord
 from services.ingress.pipeline import Forged, Gate, Refusal

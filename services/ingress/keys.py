@@ -7,7 +7,7 @@ store, in audit events and in logs, and the secret is 256 random bits. Only
 plain hash would already be unguessable, and the pepper makes a leaked table of hashes
 useless without the server's secret. Verification compares in constant time. Beside it
 the store keeps the key's record-signing key, wrapped under the pepper too
-(``services.common.signing``): what verifying a signed Kafka record needs, no more.
+(``seawall_client.signing``): what verifying a signed Kafka record needs, no more.
 
 Phases, counted from creation (or from rotation, which ends the active phase early):
 
@@ -33,8 +33,8 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from services.common import signing
-from services.common.signing import KEY_PREFIX
+from seawall_client import signing
+from seawall_client.signing import KEY_PREFIX
 
 DAY_S = 86_400.0
 
@@ -75,7 +75,7 @@ class KeyRecord:
     revoked_at: float | None = None
     signing_key: str = field(default="", repr=False)
     """The key records on the ingress topic are signed with, wrapped under the pepper
-    (``services.common.signing``); empty for a key issued before records were signed
+    (``seawall_client.signing``); empty for a key issued before records were signed
     (rotate it to produce to the ingress topic)."""
 
 

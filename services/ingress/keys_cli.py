@@ -31,9 +31,10 @@ from rich.table import Table
 
 from schemas import Tier
 from schemas.base import Ident
-from services.common.bus import ensure_topics, make_producer, topics_of
+from seawall_client.kafka import ensure_topics
+from seawall_client.topics import RedisKeys
+from services.common.bus import make_producer, topics_of
 from services.common.redisclient import make_redis
-from services.common.topics import RedisKeys
 from services.ingress.keys import IssuedKey, KeyRecord, disabled_at, phase
 from services.ingress.keystore import AuditLog, KeyNotFound, KeyStore, TenantPolicy
 from services.ingress.settings import IngressSettings, safe_name

@@ -37,10 +37,10 @@ from aiokafka import AIOKafkaProducer
 from redis.typing import EncodableT, FieldT
 
 from schemas import AuditEvent, Tier
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.serde import encode
+from seawall_client.topics import RedisKeys
 from services.common.sensitive import SensitivePolicy
-from services.common.serde import encode
-from services.common.topics import RedisKeys
 from services.ingress.keys import (
     DEFAULT_POLICY,
     IssuedKey,

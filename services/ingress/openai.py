@@ -51,8 +51,8 @@ from schemas import (
     ReplyStatus,
     SamplingParams,
 )
+from seawall_client.serde import describe
 from services.common.openai_shapes import OneChoice, OnePrompt, TextPart, content_text
-from services.common.serde import describe
 from services.ingress.pipeline import Refusal, invalid, param_of
 
 # --- request bodies ------------------------------------------------------------------

@@ -41,13 +41,13 @@ from pydantic import ValidationError
 
 from schemas import ChatMessage, InferenceRequest, QuotaHint, RateLimitInfo, ReasonCode
 from schemas.requests import TIER_PRIORITY
-from services.common import signing
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client import signing
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.serde import DecodeError, describe, encode
+from seawall_client.signing import key_id_of
+from seawall_client.topics import RedisKeys, Topics
 from services.common.sensitive import Finding, screen, summary
-from services.common.serde import DecodeError, describe, encode
-from services.common.signing import key_id_of
 from services.common.tokenizer import count_tokens
-from services.common.topics import RedisKeys, Topics
 from services.ingress import metrics as m
 from services.ingress.arrivals import ArrivalCounter
 from services.ingress.denials import DenialAudit, FailureLimiter
@@ -255,7 +255,7 @@ class Gate:
     async def verify_signed(
         self, headers: Sequence[tuple[str, bytes]] | None, value: bytes
     ) -> KeyRecord | Forged:
-        """The key that signed a record on the ingress topic (``services.common.signing``),
+        """The key that signed a record on the ingress topic (``seawall_client.signing``),
         or why the record proves nothing. Bad signatures for a known key are audited,
         sparingly (``denials``)."""
         claim = signing.claimed(headers)

@@ -25,14 +25,14 @@ from typing import Any
 
 import uvicorn
 
-from services.common.bus import close, ensure_topics, make_producer, topics_of
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.kafka import close, ensure_topics
+from seawall_client.topics import RedisKeys
+from services.common.bus import make_producer, topics_of
 from services.common.deadletters import DeadLetters
 from services.common.delivery import Replies, TopicDirectory
 from services.common.lifecycle import Component
 from services.common.redisclient import make_redis
-from services.common.replies import ReplyRouter
-from services.common.topics import RedisKeys
 from services.ingress.arrivals import ArrivalReporter
 from services.ingress.denials import DenialAudit, FailureLimiter
 from services.ingress.hint_feed import HintFeed
@@ -40,6 +40,7 @@ from services.ingress.http import create_app
 from services.ingress.kafka_ingress import KafkaIngress
 from services.ingress.keystore import AuditLog, KeyStore
 from services.ingress.pipeline import Gate
+from services.ingress.replies import ReplyRouter
 from services.ingress.settings import IngressSettings, safe_name
 from services.ingress.websocket import WebSocketSessions
 

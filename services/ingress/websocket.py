@@ -48,13 +48,14 @@ import redis.asyncio as aioredis
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from schemas import ClientMeta, InferenceReply, ReplyChunk
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.streams import ReplyRouterClosed
+from seawall_client.topics import RedisKeys
 from services.common.failures import is_infrastructure
-from services.common.replies import ReplyRouter, ReplyRouterClosed
-from services.common.topics import RedisKeys
 from services.ingress import openai as oai
 from services.ingress.http import Admitted, Waiter, admit_body, bearer, deadline_error, source_of
 from services.ingress.pipeline import Gate, Principal, Refusal
+from services.ingress.replies import ReplyRouter
 
 log = logging.getLogger(__name__)
 

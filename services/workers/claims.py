@@ -17,7 +17,7 @@ claim says what to do with it:
   committed.
 
 Replies carry the generation, so a reader tells a superseded generation's chunks from
-the current one's (``services.common.replies``). The hash lives in the tenant's Redis
+the current one's (``services.ingress.replies``). The hash lives in the tenant's Redis
 Cluster slot (``RedisKeys.work``) and expires past the request's deadline. If Redis is
 unavailable the worker generates without a claim (a generation from its own clock):
 duplicates are then possible, and readers drop them by generation.
@@ -32,8 +32,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from seawall_client.topics import RedisKeys
 from services.common.lua import Lua
-from services.common.topics import RedisKeys
 
 SCRIPT = resources.files("services.workers").joinpath("claims.lua").read_text(encoding="utf-8")
 

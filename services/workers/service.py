@@ -67,15 +67,11 @@ from schemas import (
     WorkerReport,
 )
 from schemas.base import Message
-from services.common.bus import (
-    close,
-    commit_done,
-    ensure_topics,
-    make_consumer,
-    make_producer,
-    topics_of,
-)
-from services.common.clock import SYSTEM_CLOCK, Clock
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.kafka import close, ensure_topics
+from seawall_client.serde import DISPATCH, DecodeError, decode, encode
+from seawall_client.topics import RedisKeys
+from services.common.bus import commit_done, make_consumer, make_producer, topics_of
 from services.common.consuming import Record, observe_lag, retry_unavailable
 from services.common.control import ControlFollower, ControlState, isolates
 from services.common.deadletters import DeadLetters, failure_of
@@ -84,9 +80,7 @@ from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import Component, cancel_tasks
 from services.common.offsets import OffsetTracker
 from services.common.redisclient import make_redis
-from services.common.serde import DISPATCH, DecodeError, decode, encode
 from services.common.tokenizer import count_tokens
-from services.common.topics import RedisKeys
 from services.workers import metrics as m
 from services.workers.chunker import Chunk, Coalescer
 from services.workers.claims import Busy, Claimed, Claims, Done, Held

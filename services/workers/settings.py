@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from seawall_client.topics import CANARY_INFIX, canary_pool
 from services.common.settings import CommonSettings
-from services.common.topics import CANARY_INFIX, canary_pool
 
 
 class WorkerSettings(CommonSettings):

@@ -15,7 +15,7 @@ import redis
 from websockets.asyncio.client import connect
 
 from schemas import ReplyStatus
-from seawall.client import SeawallClient
+from seawall_client import SeawallClient
 from tests.rediscluster import redis_cluster
 from tests.stack import Stack, launch
 
@@ -68,7 +68,7 @@ def test_requests_quotas_and_claims_run_on_the_cluster(stack: Stack, cluster: li
 
 async def test_the_sdk_and_a_websocket_session_on_the_cluster(stack: Stack) -> None:
     key = stack.key("cl-sdk", "pro")["key"]
-    async with SeawallClient(api_key=key, settings=stack.settings) as client:
+    async with SeawallClient(api_key=key, kafka=stack.settings.kafka) as client:
         reply = await client.complete("hello", max_tokens=5, timeout_s=90)
     assert (reply.status, reply.completion_tokens) == (ReplyStatus.OK, 5)
     url = stack.url.replace("http://", "ws://") + "/v1/ws"

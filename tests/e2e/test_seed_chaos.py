@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from seawall.client import SeawallClient
+from seawall_client import SeawallClient
 from tests.chaos import Outcome, failed, p99, timed_call, timed_calls
 from tests.stack import Stack, behind_delay, launch
 
@@ -37,7 +37,7 @@ async def test_random_network_delay_loses_nothing_and_fails_nothing(
         proxy,
     ):
         key = stack.key("delay-co", "enterprise")
-        async with SeawallClient(api_key=key["key"], settings=stack.settings) as c:
+        async with SeawallClient(api_key=key["key"], kafka=stack.settings.kafka) as c:
             baseline = await timed_calls(c, 30, 3.0, "plain")
             proxy.low_s, proxy.high_s = 0.1, 0.5
             delayed = await timed_calls(c, 60, 3.0, "delayed")
@@ -94,7 +94,7 @@ async def test_a_leaking_worker_is_restarted_before_it_runs_out_of_memory(
         leaky = spawn_leaky_worker(stack, log)
         started = time.monotonic()
         try:
-            async with SeawallClient(api_key=key["key"], settings=stack.settings) as c:
+            async with SeawallClient(api_key=key["key"], kafka=stack.settings.kafka) as c:
                 calls: list[asyncio.Task[Outcome]] = []
                 i = 0
                 while leaky.poll() is None and time.monotonic() - started < 80:

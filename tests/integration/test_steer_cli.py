@@ -10,11 +10,11 @@ import sys
 import time
 
 from schemas import QuotaOverride, RegionThrottle
+from seawall_client.kafka import ensure_topics
+from seawall_client.topics import Topics
 from services.admission.policy import quota_override, region_throttle
-from services.common.bus import ensure_topics
 from services.common.control import ControlFollower, ControlState
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from tests.fleet import until
 
 

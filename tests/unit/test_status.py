@@ -29,7 +29,7 @@ from schemas.telemetry import EngineLimitsInfo
 from seawall import steer
 from seawall.events import describe
 from seawall.status import STALE_AFTER_S, FleetStatus, StatusFold, TopicLag, lags, render
-from services.common.serde import encode
+from seawall_client.serde import encode
 
 pytestmark = pytest.mark.unit
 

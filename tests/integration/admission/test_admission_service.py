@@ -27,10 +27,10 @@ from schemas import (
     ReplyStatus,
     Tier,
 )
+from seawall_client.topics import RedisKeys, Topics
 from services.admission.quota import quota_key
 from services.admission.service import Admission
 from services.common.settings import CommonSettings
-from services.common.topics import RedisKeys, Topics
 from tests.admission_helpers import (
     TopicReader,
     admission_settings,

@@ -16,10 +16,11 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from schemas import Priority
+from seawall_client.kafka import ensure_topics
+from seawall_client.serde import REQUEST, DecodeError, decode
 from services.admission.service import Admission
-from services.common.bus import ensure_topics, topics_of
+from services.common.bus import topics_of
 from services.common.deadletters import screened_excerpt
-from services.common.serde import REQUEST, DecodeError, decode
 from services.common.settings import CommonSettings
 from tests.admission_helpers import (
     TopicReader,

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from schemas import Priority, ReasonCode, Tier
+from seawall_client.topics import Topics
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from tests.admission_helpers import TopicReader, capacity_feed, inference_request, send_all
 from tests.fleet import ReplyReader
 

@@ -16,6 +16,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from schemas import Tier
+from seawall_client.topics import RedisKeys
 from services.admission.bucket import (
     BucketState,
     Dimension,
@@ -38,7 +39,6 @@ from services.admission.quota import (
     quota_key,
     region_key,
 )
-from services.common.topics import RedisKeys
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,12 @@ from aiokafka import TopicPartition
 
 from schemas import DeadLetter, InferenceRequest
 from schemas.deadletter import EXCERPT_BYTES
-from services.common.bus import ensure_topics, make_consumer, make_producer
+from seawall_client.kafka import ensure_topics
+from seawall_client.serde import REQUEST, DecodeError, decode, encode
+from seawall_client.topics import Topics
+from services.common.bus import make_consumer, make_producer
 from services.common.deadletters import DeadLetters
-from services.common.serde import REQUEST, DecodeError, decode, encode
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 
 
 def _request(i: int, reply_to: str) -> InferenceRequest:

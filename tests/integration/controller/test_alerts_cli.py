@@ -12,8 +12,8 @@ from rich.console import Console
 
 from schemas import Alert, Evidence
 from seawall.alerts import run_alerts
+from seawall_client.topics import Topics
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from services.controller.policy.alerts import AlertBook, AlertConfig, Condition
 from tests.fleet import produce
 

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 
 from schemas import TrafficSplit
+from seawall_client.kafka import ensure_topics
+from seawall_client.serde import encode
+from seawall_client.topics import Topics, canary_pool
 from services.admission.policy import AdmissionPolicy, PolicyConfig
 from services.admission.settings import AdmissionSettings
-from services.common.bus import ensure_topics, make_producer
+from services.common.bus import make_producer
 from services.common.control import ControlState
-from services.common.serde import encode
 from services.common.settings import CommonSettings
-from services.common.topics import Topics, canary_pool
 from tests.fleet import dispatched, in_background, until
 from tests.integration.controller.test_controller import alerts_on, control_log, controller, worker
 from tests.integration.test_steer_cli import seawall

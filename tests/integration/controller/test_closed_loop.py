@@ -8,10 +8,10 @@ import asyncio
 import time
 
 from schemas import DegradationLevel, Priority, Tier
+from seawall_client.kafka import ensure_topics
+from seawall_client.topics import Topics
 from services.admission.service import Admission
-from services.common.bus import ensure_topics
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from tests.admission_helpers import (
     TopicReader,
     admission_settings,

@@ -11,10 +11,10 @@ import time
 from prometheus_client import REGISTRY
 
 from schemas import Alert
+from seawall_client.kafka import ensure_topics
+from seawall_client.topics import Topics
 from services.admission.service import Admission
-from services.common.bus import ensure_topics
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from tests.admission_helpers import admission_settings, inference_request, send_all, started
 from tests.fleet import sim_worker, until, worker_settings
 from tests.integration.controller.test_controller import alerts_on, controller

@@ -32,11 +32,12 @@ from schemas import (
     GpuStats,
 )
 from seawall.embedded import free_port
-from services.common.bus import ensure_topics, make_consumer, make_producer
+from seawall_client.kafka import ensure_topics
+from seawall_client.serde import ALERT, decode, encode
+from seawall_client.topics import Topics
+from services.common.bus import make_consumer, make_producer
 from services.common.control import ControlFollower, ControlState
-from services.common.serde import ALERT, decode, encode
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from services.controller.app import Controller
 from services.controller.settings import ControllerSettings
 from services.workers.service import Worker

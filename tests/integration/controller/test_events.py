@@ -11,8 +11,8 @@ from rich.console import Console
 
 from schemas import BatchLimit, BreakerLevel, BreakerState, ControlEvent, Evidence
 from seawall.events import run_events
+from seawall_client.topics import Topics
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from tests.fleet import produce
 
 EVIDENCE = Evidence(

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from schemas import BreakerLevel, BreakerState, Evidence, RegionArrivals, RegionThrottle
+from seawall_client.serde import encode
+from seawall_client.topics import Topics
 from services.common.bus import make_producer
-from services.common.serde import encode
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from tests.fleet import in_background, until
 from tests.integration.controller.test_controller import alerts_on, control_log, controller
 

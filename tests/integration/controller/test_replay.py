@@ -12,8 +12,8 @@ from pathlib import Path
 
 from seawall.recording import read_recording
 from seawall.replay import compare, live_decisions, matches_live, replay
+from seawall_client.topics import Topics
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from services.controller.settings import ControllerSettings
 from tests.fleet import until
 from tests.integration.controller.test_controller import (

@@ -9,10 +9,10 @@ import time
 
 from aiokafka.partitioner import DefaultPartitioner
 
+from seawall_client.serde import TELEMETRY, decode, encode
+from seawall_client.topics import Topics
 from services.common.bus import make_producer
-from services.common.serde import TELEMETRY, decode, encode
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
 from services.controller.settings import ControllerSettings
 from tests.admission_helpers import TopicReader, heartbeat
 from tests.integration.controller.test_controller import CONTROLLER, control_log, controller

@@ -16,12 +16,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas import InferenceReply, InferenceRequest, Priority, ReplyChunk, ReplyStatus, Tier
 from schemas.base import Message
+from seawall_client.clock import ManualClock
+from seawall_client.serde import REQUEST, decode, encode
+from seawall_client.topics import RedisKeys, Topics
 from services.common.bus import make_consumer, make_producer
-from services.common.clock import ManualClock
 from services.common.sensitive import SensitivePolicy
-from services.common.serde import REQUEST, decode, encode
 from services.common.settings import CommonSettings
-from services.common.topics import RedisKeys, Topics
 from services.ingress.keys import DAY_S
 from services.ingress.keystore import AuditLog, KeyStore
 from services.ingress.service import IngressService

@@ -23,9 +23,9 @@ from schemas import (
     ReplyStatus,
     Tier,
 )
+from seawall_client.topics import RedisKeys, Topics
 from services.common.bus import make_consumer
 from services.common.settings import CommonSettings
-from services.common.topics import RedisKeys, Topics
 from services.ingress.service import IngressService
 from tests.integration.ingress.conftest import Downstream, Keys, eventually
 

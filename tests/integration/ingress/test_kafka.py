@@ -31,12 +31,12 @@ from schemas import (
 )
 from schemas.base import Message
 from schemas.deadletter import EXCERPT_BYTES
-from services.common import signing
+from seawall_client import signing
+from seawall_client.serde import encode
+from seawall_client.signing import key_id_of
+from seawall_client.topics import RedisKeys, Topics
 from services.common.bus import make_consumer, make_producer
-from services.common.serde import encode
 from services.common.settings import CommonSettings
-from services.common.signing import key_id_of
-from services.common.topics import RedisKeys, Topics
 from services.ingress.pipeline import ABORT_MARKER_MARGIN_S
 from services.ingress.service import IngressService
 from tests.fleet import ReplyReader
@@ -83,7 +83,7 @@ Signed = tuple[bytes, list[tuple[str, bytes]]]
 
 
 def signed(message: Message | bytes, key: str, at: float | None = None) -> Signed:
-    """The record's value and its signing headers (``services.common.signing``)."""
+    """The record's value and its signing headers (``seawall_client.signing``)."""
     value = message if isinstance(message, bytes) else encode(message)
     return value, signing.sign(key, key_id(key), value, time.time() if at is None else at)
 

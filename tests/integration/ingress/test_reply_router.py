@@ -13,12 +13,13 @@ from prometheus_client import REGISTRY
 
 from schemas import DeadLetter, InferenceReply, ReplyChunk, ReplyStatus
 from schemas.base import Message
+from seawall_client.serde import encode
+from seawall_client.streams import ReplyItem, ReplyRouterClosed
+from seawall_client.topics import Topics
 from services.common.bus import make_consumer, make_producer
 from services.common.deadletters import DeadLetters
-from services.common.replies import ReplyItem, ReplyRouter, ReplyRouterClosed
-from services.common.serde import encode
 from services.common.settings import CommonSettings
-from services.common.topics import Topics
+from services.ingress.replies import ReplyRouter
 
 pytestmark = pytest.mark.integration
 

@@ -19,9 +19,9 @@ from schemas import (
     ReplyChunk,
     ReplyStatus,
 )
-from seawall.client import RetryPolicy, SeawallClient, SyncSeawallClient
+from seawall_client import RetryPolicy, SeawallClient, SyncSeawallClient
+from seawall_client.topics import RedisKeys
 from services.common.settings import CommonSettings
-from services.common.topics import RedisKeys
 from services.ingress.service import IngressService
 from tests.integration.ingress.conftest import Downstream, Keys, eventually
 
@@ -38,7 +38,7 @@ async def client(
     ingress: IngressService, keys: Keys, settings: CommonSettings
 ) -> AsyncIterator[SeawallClient]:
     async with SeawallClient(
-        api_key=keys.pro, settings=settings, retry=FAST_RETRIES, timeout_s=30
+        api_key=keys.pro, kafka=settings.kafka, retry=FAST_RETRIES, timeout_s=30
     ) as c:
         yield c
 
@@ -210,7 +210,7 @@ async def test_the_sync_client_for_scripts(
     ingress: IngressService, keys: Keys, settings: CommonSettings, downstream: Downstream
 ) -> None:
     def script() -> InferenceReply:
-        with SyncSeawallClient(api_key=keys.basic, settings=settings) as sync:
+        with SyncSeawallClient(api_key=keys.basic, kafka=settings.kafka) as sync:
             return sync.complete(messages=[{"role": "user", "content": "hi"}], max_tokens=4)
 
     call = asyncio.create_task(asyncio.to_thread(script))

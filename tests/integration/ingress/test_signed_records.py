@@ -19,13 +19,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from schemas import AbortRequest, DeadLetter, InferenceRequest, ReplyStatus
-from seawall.client import SeawallClient
-from services.common import signing
+from seawall_client import SeawallClient, signing
+from seawall_client.serde import encode
+from seawall_client.signing import key_id_of
+from seawall_client.topics import RedisKeys, Topics
 from services.common.bus import make_consumer, make_producer
-from services.common.serde import encode
 from services.common.settings import CommonSettings
-from services.common.signing import key_id_of
-from services.common.topics import RedisKeys, Topics
 from services.ingress.service import IngressService
 from tests.fleet import ReplyReader
 from tests.integration.ingress.conftest import Downstream, Keys
@@ -246,7 +245,7 @@ async def test_a_record_built_from_the_recipe_with_another_kafka_client_is_serve
 async def test_the_sdk_signs_transparently(
     ingress: IngressService, keys: Keys, settings: CommonSettings, downstream: Downstream
 ) -> None:
-    async with SeawallClient(api_key=keys.pro, settings=settings, timeout_s=20) as client:
+    async with SeawallClient(api_key=keys.pro, kafka=settings.kafka, timeout_s=20) as client:
         call = asyncio.create_task(client.complete("hi", max_tokens=4))
         ((_, _, served),) = await downstream.take(1)
         await downstream.answer(served, "hello")

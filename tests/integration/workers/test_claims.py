@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
+from seawall_client.topics import RedisKeys
 from services.common.settings import CommonSettings
-from services.common.topics import RedisKeys
 from services.workers.claims import Busy, Claimed, Claims, Done, Held
 
 pytestmark = pytest.mark.integration

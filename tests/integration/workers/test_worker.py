@@ -20,11 +20,11 @@ from schemas import (
     RequestSummary,
     WorkerReport,
 )
+from seawall_client.serde import TELEMETRY, decode, encode
+from seawall_client.topics import Topics
 from services.common.bus import make_consumer
-from services.common.serde import TELEMETRY, decode, encode
 from services.common.settings import CommonSettings
 from services.common.tokenizer import count_tokens
-from services.common.topics import Topics
 from services.workers.service import Worker
 from tests.fleet import (
     ReplyReader,

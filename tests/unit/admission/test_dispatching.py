@@ -11,12 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import BreakerLevel, BreakerState, DegradationLevel, Evidence, Priority
+from seawall_client.clock import ManualClock
 from services.admission.bucket import DEFAULT_TIERS
 from services.admission.capacity import CapacityConfig, FleetCapacity
 from services.admission.dispatching import pick, take_oldest
 from services.admission.policy import AdmissionPolicy, PolicyConfig
 from services.admission.scheduler import PriorityScheduler
-from services.common.clock import ManualClock
 from services.common.control import ControlState
 from tests.admission_helpers import Item
 

@@ -30,6 +30,7 @@ from schemas import (
     Tier,
     TrafficSplit,
 )
+from seawall_client.clock import ManualClock
 from services.admission.bucket import BucketState, Limit, TierConfig, decide
 from services.admission.cost import Cost
 from services.admission.policy import (
@@ -43,7 +44,6 @@ from services.admission.policy import (
     worker_share,
 )
 from services.admission.quota import on_redis_down
-from services.common.clock import ManualClock
 from services.common.control import ControlState
 
 pytestmark = pytest.mark.unit

@@ -9,13 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import InferenceRequest, Priority, ReasonCode, ReplyStatus, Tier
+from seawall_client.clock import ManualClock
 from services.admission.bucket import DEFAULT_TIERS
 from services.admission.capacity import CapacityConfig, FleetCapacity
 from services.admission.cost import Cost
 from services.admission.dispatching import SCAVENGER, Lane, forecasts
 from services.admission.policy import AdmissionPolicy, PolicyConfig, Reply, Screened
 from services.admission.ttft import PoolForecast, predict
-from services.common.clock import ManualClock
 from services.common.control import ControlState
 from tests.admission_helpers import Item, engine_stats
 

@@ -21,9 +21,9 @@ from aiokafka.structs import ConsumerRecord
 from hypothesis import given
 from hypothesis import strategies as st
 
+from seawall_client.serde import DecodeError
 from services.common.consuming import ConsumerLoop, Record, retry_unavailable
 from services.common.failures import Backoff, StoreUnavailable, is_infrastructure
-from services.common.serde import DecodeError
 
 pytestmark = pytest.mark.unit
 

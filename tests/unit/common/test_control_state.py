@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from schemas import BatchLimit, BreakerState, DegradationLevel, Evidence
-from services.common.clock import ManualClock
+from seawall_client.clock import ManualClock
 from services.common.control import ControlState, in_force
 
 EVIDENCE = Evidence(reason="test")

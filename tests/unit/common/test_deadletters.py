@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from schemas import DeadLetter
 from schemas.deadletter import EXCERPT_BYTES, KEY_EXCERPT_BYTES
+from seawall_client.serde import DecodeError, encode
 from services.common.deadletters import failure_of, letter, screened_excerpt
-from services.common.serde import DecodeError, encode
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ this instance does not own is left to its owner."""
 from __future__ import annotations
 
 from schemas import CanaryRelease, Evidence, TrafficSplit
-from services.common.clock import ManualClock
+from seawall_client.clock import ManualClock
 from services.common.control import ControlState
 from services.controller.canaries import CanaryReleases, reference_of, weights
 

@@ -18,7 +18,7 @@ from schemas import (
     TrafficSplit,
 )
 from seawall.events import KINDS, EventView, describe, run_events
-from services.common.serde import encode
+from seawall_client.serde import encode
 from services.common.settings import CommonSettings
 
 pytestmark = pytest.mark.unit

@@ -10,12 +10,12 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
-from services.common.clock import ManualClock
-from services.common.replies import ReplyRouter
-from services.common.topics import RedisKeys, Topics
+from seawall_client.clock import ManualClock
+from seawall_client.topics import RedisKeys, Topics
 from services.ingress.denials import DenialAudit, FailureLimiter
 from services.ingress.keystore import AuditLog, KeyStore
 from services.ingress.pipeline import Gate
+from services.ingress.replies import ReplyRouter
 from services.ingress.settings import IngressSettings
 
 UNREACHABLE = "127.0.0.1:1"

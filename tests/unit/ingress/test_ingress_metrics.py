@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.clock import ManualClock
+from seawall_client.clock import ManualClock
 from services.ingress.filters.prompt_length import LONG_PROMPT_TOKENS
 from services.ingress.metrics import LongPromptShare
 

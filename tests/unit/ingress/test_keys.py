@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common.signing import KEY_PREFIX, key_id_of
+from seawall_client.signing import KEY_PREFIX, key_id_of
 from services.ingress.keys import (
     DAY_S,
     DEFAULT_POLICY,

@@ -10,13 +10,13 @@ reply topic.
   start with one partition and one hour's retention (``Topics.reply_spec``); ingress
   sends replies only to reply topics of the key that signed the request. The client
   reads it from its end, so start the client before sending.
-- **Identity**: every record is signed with the API key (``services.common.signing``:
+- **Identity**: every record is signed with the API key (``seawall_client.signing``:
   an HMAC in the record's headers; the key itself never travels) and names the key by
   its id; ingress takes the tenant, tier and priority from the key's record.
 - **Exactly one terminal reply** per call: replies are matched by request id; chunks
   seen before and any record after the terminal reply (at-least-once upstream) are
   dropped and counted in ``stats.duplicates``.
-- **Retries** (``seawall.retry``): retryable rejections are sent again as a new attempt
+- **Retries** (``seawall_client.retry``): retryable rejections are sent again as a new attempt
   with the id ``<request_id>.<n>`` (so that a late copy of an earlier attempt's
   rejection is never taken for the new attempt's answer), after backoff with full jitter
   on top of ``Retry-After``, within the retry budget and the request's deadline. A
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import threading
 import uuid
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas import (
@@ -51,26 +52,26 @@ from schemas import (
     InferenceRequest,
     SamplingParams,
 )
-from seawall.retry import RetryBudget, RetryPolicy, attempt_id, retry_after_s, retryable
-from services.common import signing
-from services.common.bus import make_producer, topics_of
-from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.deadletters import DeadLetters
-from services.common.lifecycle import Component
-from services.common.replies import ReplyItem, ReplyRouter, ReplyRouterClosed
-from services.common.serde import encode
-from services.common.settings import CommonSettings
+from seawall_client import signing
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.kafka import (
+    KafkaConfig,
+    close,
+    consumer_options,
+    ensure_topics,
+    new_producer,
+    start_tail,
+)
+from seawall_client.retry import RetryBudget, RetryPolicy, attempt_id, retry_after_s, retryable
+from seawall_client.serde import REPLY, DecodeError, decode, encode
+from seawall_client.streams import ReplyItem, ReplyRouterClosed, ReplyRoutes
+from seawall_client.topics import Topics
 
-__all__ = [
-    "ClientStats",
-    "ReplyRouterClosed",
-    "RetryPolicy",
-    "SeawallClient",
-    "SyncSeawallClient",
-]
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Messages = Sequence[ChatMessage | Mapping[str, str]]
+READ_BACKOFF_CAP_S = 5.0
 
 
 @dataclass(slots=True)
@@ -87,16 +88,16 @@ class ClientStats:
     """Abort requests sent (timeouts, cancellations, abandoned streams)."""
     duplicates: int = 0
     """Reply records dropped as repeats of what was already delivered."""
+    undecodable: int = 0
+    """Records on the reply topic that are not replies: skipped (and logged)."""
 
 
-class SeawallClient(Component):
-    name = "seawall-client"
-
+class SeawallClient:
     def __init__(
         self,
         *,
         api_key: str,
-        settings: CommonSettings | None = None,
+        kafka: KafkaConfig | None = None,
         owner: str | None = None,
         retry: RetryPolicy | None = None,
         timeout_s: float = 60.0,
@@ -104,9 +105,8 @@ class SeawallClient(Component):
         rng: random.Random | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        super().__init__()
-        self._settings = settings or CommonSettings()
-        self._topics = topics_of(self._settings)
+        self._kafka = kafka or KafkaConfig.from_env()
+        self._topics = Topics(self._kafka.topic_prefix)
         key_id = signing.key_id_of(api_key)
         if key_id is None:
             raise ValueError("api_key is not a seawall API key (sk-sw-<key id>_<secret>)")
@@ -120,35 +120,104 @@ class SeawallClient(Component):
         self._rng = rng or random.Random()
         self._clock = clock
         self._stats = ClientStats()
+        self._routes = ReplyRoutes(clock)
         self._producer: AIOKafkaProducer | None = None
-        self._router: ReplyRouter | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
 
     @property
     def reply_topic(self) -> str:
         return self._topics.reply(self._owner)
 
     @property
+    def running(self) -> bool:
+        """Started, not stopped, and its reply topic still read."""
+        return self._reader is not None and not self._reader.done()
+
+    @property
     def stats(self) -> ClientStats:
-        if self._router is not None:
-            self._stats.duplicates = self._router.counts["duplicate"]
+        self._stats.duplicates = self._routes.counts["duplicate"]
+        self._stats.undecodable = self._routes.counts["undecodable"]
         return self._stats
 
-    async def on_start(self) -> None:
-        self._producer = make_producer(self._settings)
-        await self._producer.start()
-        dead_letters = DeadLetters(
-            self._producer, self._topics.deadletter, f"sdk:{self._owner}", self._clock
-        )
-        self._router = ReplyRouter(
-            self._settings, self._owner, dead_letters=dead_letters, clock=self._clock
-        )
-        await self._router.start()
+    async def start(self) -> None:
+        """Create the reply topic, read it from its end, open the producer. Idempotent."""
+        if self._reader is not None:
+            return
+        k = self._kafka
+        spec = self._topics.reply_spec(self._owner)
+        try:
+            await ensure_topics(k.bootstrap, [spec], k.topic_replication)
+            self._consumer = AIOKafkaConsumer(**consumer_options(k))
+            await start_tail(self._consumer, spec.name)
+            self._producer = new_producer(k)
+            await self._producer.start()
+        except BaseException:
+            await self.stop()
+            raise
+        self._reader = asyncio.create_task(self._read(self._consumer), name="seawall-replies")
 
-    async def on_stop(self) -> None:
-        if self._router is not None:
-            await self._router.stop()
-        if self._producer is not None:
-            await self._producer.stop()  # flushes what is queued: aborts included
+    async def stop(self) -> None:
+        """Stop reading (open calls raise ``ReplyRouterClosed``), flush what is queued
+        (aborts included) and close. Idempotent."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+        self._routes.close_all("the client stopped")
+        consumer, self._consumer = self._consumer, None
+        producer, self._producer = self._producer, None
+        if consumer is not None:
+            await close(consumer)
+        if producer is not None:
+            await close(producer)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _read(self, consumer: AIOKafkaConsumer) -> None:
+        """Route every record of the reply topic; a record that is not a reply is
+        skipped, a broker that is away is waited for (aiokafka reconnects)."""
+        backoff_s = 0.1
+        try:
+            while True:
+                try:
+                    batches = await consumer.getmany(timeout_ms=1_000)
+                except KafkaError as e:
+                    log.warning("reply topic unreadable; retrying", extra={"error": repr(e)})
+                    await asyncio.sleep(backoff_s)
+                    backoff_s = min(2 * backoff_s, READ_BACKOFF_CAP_S)
+                    continue
+                backoff_s = 0.1
+                for records in batches.values():
+                    for record in records:
+                        self._route(record.value, record.offset)
+        except Exception:
+            log.exception("the reply reader failed")
+            self._routes.close_all("the client's reply reader failed")
+            raise
+
+    def _route(self, value: bytes | None, offset: int) -> None:
+        try:
+            item = decode(REPLY, value)
+        except DecodeError as e:
+            self._routes.counts["undecodable"] += 1
+            log.warning(
+                "unusable reply record skipped",
+                extra={"topic": self.reply_topic, "offset": offset, "reason": e.reason},
+            )
+            return
+        self._routes.route(item)
 
     async def complete(
         self, prompt: str | None = None, *, messages: Messages | None = None, **options: Any
@@ -186,8 +255,8 @@ class SeawallClient(Component):
         pool: str = "main",
         **sampling: Any,
     ) -> AsyncIterator[ReplyItem]:
-        router, producer = self._router, self._producer
-        if router is None or producer is None or not self.running:
+        producer = self._producer
+        if producer is None or not self.running:
             raise ReplyRouterClosed("the client is not started")
         loop = asyncio.get_running_loop()
         timeout = self._timeout_s if timeout_s is None else timeout_s
@@ -208,7 +277,7 @@ class SeawallClient(Component):
             messages=None if messages is None else tuple(_message(m) for m in messages),
             sampling=SamplingParams(**sampling),
             stream=stream,
-            reply_to=router.topic,
+            reply_to=self.reply_topic,
             created_at=created,
             deadline_at=created + timeout,
             session_id=session_id,
@@ -218,7 +287,7 @@ class SeawallClient(Component):
         attempt = 1
         while True:
             request = template.model_copy(update={"request_id": attempt_id(base_id, attempt)})
-            replies = router.register(request.request_id)
+            replies = self._routes.register(request.request_id)
             delivered = False
             finished = False
             try:
@@ -242,7 +311,7 @@ class SeawallClient(Component):
                 self._stats.timeouts += 1
                 raise
             finally:
-                router.unregister(request.request_id)
+                self._routes.unregister(request.request_id)
                 if not finished:
                     # Timed out, cancelled, abandoned by the caller or the client stopped.
                     await self._abort(request)

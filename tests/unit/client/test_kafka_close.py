@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from services.common import bus
+from seawall_client import kafka
 
 
 class _Hangs:
@@ -36,11 +36,11 @@ class _Closes:
 async def test_a_client_that_hangs_is_abandoned_after_the_bound(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(bus, "CLOSE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(kafka, "CLOSE_TIMEOUT_S", 0.2)
     client = _Hangs()
     started = time.monotonic()
     with caplog.at_level(logging.WARNING):
-        await bus.close(cast(Any, client))
+        await kafka.close(cast(Any, client))
     assert time.monotonic() - started < 2
     assert client.cancelled
     assert "did not close in time" in caplog.text
@@ -49,6 +49,6 @@ async def test_a_client_that_hangs_is_abandoned_after_the_bound(
 async def test_a_client_that_closes_is_simply_closed(caplog: pytest.LogCaptureFixture) -> None:
     client = _Closes()
     with caplog.at_level(logging.WARNING):
-        await bus.close(cast(Any, client))
+        await kafka.close(cast(Any, client))
     assert client.stopped
     assert "did not close" not in caplog.text

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import InferenceRequest
-from services.common.serde import (
+from seawall_client.serde import (
     CONTROL,
     DISPATCH,
     REPLY,

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import InferenceReply, ReasonCode, ReplyChunk, ReplyStatus
-from services.common.replies import ReplyItem, ReplyRouterClosed, ReplyStream
+from seawall_client.streams import ReplyItem, ReplyRouterClosed, ReplyStream
 
 pytestmark = pytest.mark.unit
 

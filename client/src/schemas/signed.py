@@ -1,5 +1,5 @@
 """The signature a record on the ingress topic carries in its headers: part of the wire
-contract, so that a producer in any language can sign (``services.common.signing`` is
+contract, so that a producer in any language can sign (``seawall_client.signing`` is
 seawall's implementation; the README, "Producing to llm.ingress", is the recipe)."""
 
 from __future__ import annotations

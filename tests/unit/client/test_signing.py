@@ -1,4 +1,4 @@
-"""Record signatures (``services.common.signing``): any change to a signed record is
+"""Record signatures (``seawall_client.signing``): any change to a signed record is
 refused; the stored signing key is useless without the pepper."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common import signing
+from seawall_client import signing
 
 pytestmark = pytest.mark.unit
 

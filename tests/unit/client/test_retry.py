@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import InferenceReply, RateLimitInfo, ReasonCode, ReplyStatus
-from seawall.retry import (
+from seawall_client.retry import (
     RETRYABLE_ERRORS,
     RETRYABLE_REJECTIONS,
     RetryBudget,

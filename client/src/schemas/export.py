@@ -1,4 +1,4 @@
-"""Export the JSON Schema of every top-level message into ``schemas/json/``.
+"""Export the JSON Schema of every top-level message into ``json/`` beside this module.
 
 ``python -m schemas.export`` writes the files; ``--check`` exits 1 when they differ
 from the models (the test suite runs the same comparison).

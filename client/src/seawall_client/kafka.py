@@ -1,0 +1,221 @@
+"""Kafka plumbing the client and the services share: how to reach the broker, the
+producer, topic creation, reading a topic from its end, and a bounded close.
+
+Producers use ``acks=all``; idempotence follows ``KafkaConfig.idempotence`` (off on the
+embedded broker, which cannot give producer ids; request-id de-duplication covers the
+duplicates either way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from seawall_client.topics import TopicSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BROKER: Final = "127.0.0.1:9092"
+STACK_ENV_FILE: Final = os.environ.get("SEAWALL_ENV_FILE", ".seawall/stack.env")
+"""Written by ``seawall up`` while it runs: how to reach its stack. Clients and commands
+run beside it read it; the environment wins over it."""
+CLOSE_TIMEOUT_S: Final = 15.0
+"""How long a Kafka client may take to close before it is abandoned."""
+_PREFIX = re.compile(r"^[A-Za-z0-9._-]{0,64}$")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaConfig:
+    """How to reach the fleet's broker and name its topics. The services build theirs
+    from their settings (``CommonSettings.kafka``); a client reads the same
+    ``SEAWALL_*`` variables with ``from_env``."""
+
+    bootstrap: str = DEFAULT_BROKER
+    idempotence: bool = True
+    """On for Apache Kafka; off for the embedded broker (Tansu), which fails
+    ``InitProducerId``."""
+    topic_prefix: str = ""
+    topic_replication: int = 1
+    """Replication of the topics this process creates (a client: its reply topic)."""
+    fetch_max_wait_ms: int = 50
+    """How long a fetch may wait at the broker for records: the embedded broker answers
+    a fetch late, and each hop then costs a share of this wait."""
+    instance_id: str = ""
+    """Names this process to the broker (``seawall-<instance_id>``); empty: host-pid."""
+
+    def __post_init__(self) -> None:
+        if not _PREFIX.match(self.topic_prefix):
+            raise ValueError("topic_prefix: up to 64 of A-Z a-z 0-9 . _ -")
+        if not 1 <= self.topic_replication <= 16:
+            raise ValueError("topic_replication must be within 1..16")
+        if not 1 <= self.fetch_max_wait_ms <= 10_000:
+            raise ValueError("fetch_max_wait_ms must be within 1..10000")
+
+    @property
+    def client_id(self) -> str:
+        return f"seawall-{self.instance_id or default_instance_id()}"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> KafkaConfig:
+        """From ``SEAWALL_KAFKA_BOOTSTRAP``, ``SEAWALL_KAFKA_IDEMPOTENCE``,
+        ``SEAWALL_TOPIC_PREFIX``, ``SEAWALL_TOPIC_REPLICATION``,
+        ``SEAWALL_CONSUMER_FETCH_MAX_WAIT_MS`` and ``SEAWALL_INSTANCE_ID`` (the names the
+        services read), in ``env`` (default: the environment over ``STACK_ENV_FILE``,
+        as the services read them); what is unset keeps its default."""
+        e = {**_env_file(Path(STACK_ENV_FILE)), **os.environ} if env is None else env
+        d = cls()
+        return cls(
+            bootstrap=e.get("SEAWALL_KAFKA_BOOTSTRAP", d.bootstrap),
+            idempotence=_flag(e, "SEAWALL_KAFKA_IDEMPOTENCE", d.idempotence),
+            topic_prefix=e.get("SEAWALL_TOPIC_PREFIX", d.topic_prefix),
+            topic_replication=int(e.get("SEAWALL_TOPIC_REPLICATION", d.topic_replication)),
+            fetch_max_wait_ms=int(e.get("SEAWALL_CONSUMER_FETCH_MAX_WAIT_MS", d.fetch_max_wait_ms)),
+            instance_id=e.get("SEAWALL_INSTANCE_ID", d.instance_id),
+        )
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """``KEY=VALUE`` lines (as ``seawall up`` writes them); none if there is no file."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    pairs = (line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    if raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise ValueError(f"{name} must be true or false, not {raw!r}")
+
+
+class Producer(AIOKafkaProducer):  # type: ignore[misc]
+    """aiokafka's producer, keeping every topic it writes to in its metadata.
+
+    aiokafka refreshes metadata only for the topics its client tracks, and tracks a
+    topic only if it was missing from the metadata when first written to. A topic known
+    from the start-up metadata (a dispatch topic, say) is then dropped by the first
+    refresh made for a new topic (a client's new reply topic), and batches waiting for
+    it stall until they expire with ``NotLeaderForPartitionError``.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._tracked: set[str] = set()
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic not in self._tracked:
+            self._tracked.add(topic)
+            self.client.add_topic(topic)
+        return await super().send(topic, *args, **kwargs)
+
+
+def new_producer(config: KafkaConfig, **overrides: Any) -> AIOKafkaProducer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": config.bootstrap,
+        "client_id": config.client_id,
+        "acks": "all",
+        "enable_idempotence": config.idempotence,
+        "linger_ms": 1,
+        "request_timeout_ms": 15_000,
+    }
+    options.update(overrides)
+    return Producer(**options)
+
+
+def consumer_options(config: KafkaConfig) -> dict[str, Any]:
+    """Every consumer's options: no auto-commit (an offset is committed only after its
+    effect is durable), from the earliest record when there is no committed offset."""
+    return {
+        "bootstrap_servers": config.bootstrap,
+        "client_id": config.client_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": config.fetch_max_wait_ms,
+    }
+
+
+async def ensure_topics(
+    bootstrap: str, specs: Iterable[TopicSpec], replication: int = 1
+) -> list[str]:
+    """Create the topics that do not exist yet, with their partitions, retention and
+    ``replication`` (never left to a broker's auto-creation, which production Kafka
+    turns off and which would pick its own defaults). Services pass their
+    ``topic_replication``: whichever starts first creates the fleet's topics, so each
+    must ask for the same. Returns the names created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            # Another process may create them meanwhile.
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(
+                    [
+                        NewTopic(s.name, s.partitions, replication, topic_configs=s.config)
+                        for s in missing
+                    ]
+                )
+        return [s.name for s in missing]
+    finally:
+        await admin.close()
+
+
+async def start_tail(consumer: AIOKafkaConsumer, *topics: str) -> None:
+    """Start a groupless consumer on every partition of ``topics``, from their end:
+    for readers of what happens from now on (replies, reports, hints), not of history.
+    Positions are resolved before this returns: a lazy one would be taken at the first
+    fetch, after a fast reply to an early request could already have landed."""
+    await consumer.start()
+    await consumer.topics()  # loads the metadata: the topics' partitions
+    tps = [
+        TopicPartition(topic, p)
+        for topic in topics
+        for p in sorted(consumer.partitions_for_topic(topic) or {0})
+    ]
+    consumer.assign(tps)
+    await consumer.seek_to_end(*tps)
+    for tp in tps:
+        await consumer.position(tp)
+
+
+async def close(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
+    """Stop ``client`` within ``CLOSE_TIMEOUT_S``, else abandon it. A consumer's stop
+    waits, with no bound, for its group coordination to finish — a join the broker is
+    slow to answer, say (aio-libs/aiokafka#773) — and a stop must not hang with it. An
+    abandoned consumer leaves its group by the session timeout, as a killed one does; a
+    producer is closed only after every effect it carried was acknowledged (services
+    commit nothing earlier), so abandoning it loses nothing committed."""
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await client.stop()
+    except TimeoutError:
+        log.warning(
+            "kafka client did not close in time; abandoned",
+            extra={"client": type(client).__name__, "timeout_s": CLOSE_TIMEOUT_S},
+        )

@@ -1,0 +1,127 @@
+"""An ingress instance awaiting its replies: one consumer on its reply topic, routed to
+per-request streams (``seawall_client.streams``: duplicates, generations and the rules
+of registering are described there; the client SDK reads its own topic the same way).
+
+- The router reads from the end of the topic as it was at start: replies produced
+  before ``start`` returned are not seen. ``counts`` holds this router's own tallies
+  (the metric sums all routers).
+- There is no consumer group (every owner reads its own topic whole) and so no commit.
+- A record that does not decode is dead-lettered when ``dead_letters`` is given, else
+  logged and counted; either way the router carries on (``services.common.consuming``).
+- When the router stops or its consumer fails, every open stream raises
+  ``ReplyRouterClosed`` instead of leaving its reader waiting for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+
+from prometheus_client import Counter
+
+from seawall_client.clock import SYSTEM_CLOCK, Clock
+from seawall_client.kafka import close, ensure_topics, start_tail
+from seawall_client.serde import REPLY, decode
+from seawall_client.streams import ReplyRouterClosed, ReplyRoutes, ReplyStream
+from services.common.bus import make_consumer, topics_of
+from services.common.consuming import ConsumerLoop, Record
+from services.common.deadletters import DeadLetters, failure_of
+from services.common.lifecycle import Component
+from services.common.settings import CommonSettings
+
+log = logging.getLogger(__name__)
+
+RECORDS = Counter(
+    "seawall_reply_router_records_total",
+    "Reply-topic records read, by what became of them",
+    ["outcome"],
+)
+
+
+class ReplyRouter(Component):
+    """Reads ``owner``'s reply topic (created at start) and feeds registered streams."""
+
+    name = "reply-router"
+
+    def __init__(
+        self,
+        settings: CommonSettings,
+        owner: str,
+        *,
+        dead_letters: DeadLetters | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        remember: int = 10_000,
+    ) -> None:
+        super().__init__()
+        self._routes = ReplyRoutes(clock, remember)
+        self._settings = settings
+        self._spec = topics_of(settings).reply_spec(owner)
+        self._dead_letters = dead_letters
+        self._consumer = make_consumer(settings, group_id=None)
+        self._loop: ConsumerLoop[None] = ConsumerLoop(
+            self._consumer,
+            self,
+            dead_letters,
+            name=self.name,
+            commit=False,
+            concurrency=1,  # in record order: a request's chunks stay in sequence
+            start_consumer=False,
+        )
+
+    @property
+    def topic(self) -> str:
+        """The reply topic: what requests carry as ``reply_to``."""
+        return self._spec.name
+
+    @property
+    def counts(self) -> Tally[str]:
+        """Records read by this router, by outcome (as the metric's ``outcome`` label)."""
+        return self._routes.counts
+
+    @property
+    def waiting(self) -> int:
+        return self._routes.waiting
+
+    def register(self, request_id: str) -> ReplyStream:
+        if not self.running:
+            raise ReplyRouterClosed("the reply router is not running")
+        return self._routes.register(request_id)
+
+    def unregister(self, request_id: str) -> None:
+        self._routes.unregister(request_id)
+
+    async def on_start(self) -> None:
+        s = self._settings
+        await ensure_topics(s.kafka_bootstrap, [self._spec], s.topic_replication)
+        await start_tail(self._consumer, self.topic)
+        await self._loop.start()
+        self.spawn(self._watch(), "watch")
+
+    async def _watch(self) -> None:
+        await self._loop.failed.wait()
+        self._routes.close_all("the reply router's consumer failed")
+        raise RuntimeError("the reply router's loop failed") from self._loop.failure
+
+    async def on_stop(self) -> None:
+        await self._loop.stop()
+        self._routes.close_all("the reply router stopped")
+        await close(self._consumer)
+
+    # -- the handler (services.common.consuming.Handler) ---------------------------
+    async def decide(self, record: Record) -> None:
+        RECORDS.labels(self._routes.route(decode(REPLY, record.value))).inc()
+
+    async def effect(self, record: Record, decision: None) -> None:
+        return None
+
+    async def fail(self, record: Record, error: BaseException) -> None:
+        self._routes.counts["undecodable"] += 1
+        RECORDS.labels("undecodable").inc()
+        if self._dead_letters is None:
+            reason, _ = failure_of(error)
+            log.warning(
+                "unusable reply record skipped",
+                extra={"topic": record.topic, "offset": record.offset, "reason": reason},
+            )
+            return
+        await self._dead_letters.record(record, error)
