@@ -22,8 +22,9 @@ REQUESTS = Counter(
     "seawall_worker_requests_total",
     "Dispatched records handled, by outcome: the terminal reply's status, or dead_letter, "
     "joined (a redelivery of a request in hand), already_answered, taken_over (its lease "
-    "ran out), refused (by the engine), too_many_attempts",
-    ["pool", "status"],
+    "ran out), refused (by the engine), too_many_attempts; by the request's class (unknown: "
+    "a record that did not decode)",
+    ["pool", "priority", "status"],
 )
 CLAIMS_UNAVAILABLE = Counter(
     "seawall_worker_claims_unavailable_total",

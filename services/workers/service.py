@@ -58,6 +58,7 @@ from schemas import (
     DispatchedRequest,
     EngineStats,
     InferenceReply,
+    InferenceRequest,
     Profile,
     ReasonCode,
     ReplyChunk,
@@ -429,7 +430,7 @@ class Worker(Component):
             try:
                 dispatched = decode(DISPATCH, record.value)
             except DecodeError as e:
-                m.REQUESTS.labels(self.settings.pool, "dead_letter").inc()
+                self._count("dead_letter", None)
                 await self._dead_letters.record(record, e)
             else:
                 if dispatched.shadow_of is not None:
@@ -438,7 +439,7 @@ class Worker(Component):
                     return
                 rid = dispatched.request.request_id
                 if rid in self._runs:  # redelivered while this worker runs it
-                    m.REQUESTS.labels(self.settings.pool, "joined").inc()
+                    self._count("joined", dispatched.request)
                     self._runs[rid].joined.append((tp, record.offset))
                     rid = None  # not this task's run
                     return
@@ -503,7 +504,7 @@ class Worker(Component):
         while True:
             claim = await self._claim(d)
             if isinstance(claim, Done):
-                m.REQUESTS.labels(self.settings.pool, "already_answered").inc()
+                self._count("already_answered", req)
                 return
             if isinstance(claim, Busy):
                 # Alive elsewhere (its partition moved): wait for that worker, or for its
@@ -513,7 +514,7 @@ class Worker(Component):
             if claim.attempts:
                 run.held = Held(req.tenant, req.request_id, claim.generation)
             if claim.attempts > self.settings.max_attempts:
-                m.REQUESTS.labels(self.settings.pool, "too_many_attempts").inc()
+                self._count("too_many_attempts", req)
                 reply = self._reply(
                     req.request_id,
                     ReplyStatus.ERROR,
@@ -606,7 +607,7 @@ class Worker(Component):
         finally:
             run.prefill_tokens = 0
         if run.lost:
-            m.REQUESTS.labels(self.settings.pool, "taken_over").inc()
+            self._count("taken_over", req)
             return  # the new owner's generation answers it
         if req.stream:
             tail = coalescer.flush()
@@ -674,7 +675,7 @@ class Worker(Component):
                 log.warning("could not mark a request done", extra={"error": repr(e)[:200]})
             run.held = None  # nothing left to release
         latency = max(0.0, reply.completed_at - started)
-        m.REQUESTS.labels(self.settings.pool, reply.status.value).inc()
+        self._count(reply.status.value, req)
         m.LATENCY.labels(self.settings.pool, req.priority.value).observe(latency)
         if ttft is not None:
             m.TTFT.labels(self.settings.pool, req.priority.value).observe(ttft)
@@ -727,6 +728,12 @@ class Worker(Component):
         else:
             m.CONSISTENCY.labels(pool, outcome).inc()
 
+    def _count(self, outcome: str, req: InferenceRequest | None) -> None:
+        """A dispatched record handled (``seawall_worker_requests_total``), by its
+        request's class; ``None``: a record that did not decode, of no known class."""
+        priority = "unknown" if req is None else req.priority.value
+        m.REQUESTS.labels(self.settings.pool, priority, outcome).inc()
+
     async def _send_shadow(self, d: DispatchedRequest, reply: InferenceReply) -> None:
         """Send the shadow admission ordered for ``d``, if it did (not awaited: a lost
         shadow is one comparison fewer)."""
@@ -758,7 +765,7 @@ class Worker(Component):
         dead letter."""
         req = d.request
         if isinstance(error, RequestRefused):
-            m.REQUESTS.labels(self.settings.pool, "refused").inc()
+            self._count("refused", req)
             code, message = "engine_refused", str(error)[:512]
         else:
             code, message = failure_of(error)
@@ -785,7 +792,7 @@ class Worker(Component):
                 if is_infrastructure(e):
                     raise
                 error = e
-        m.REQUESTS.labels(self.settings.pool, "dead_letter").inc()
+        self._count("dead_letter", req)
         await self._dead_letters.record(record, error)
 
     # -- claims ----------------------------------------------------------------

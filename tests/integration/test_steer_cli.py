@@ -74,6 +74,10 @@ async def test_quota_and_region_commands_reach_every_follower(
         throttle = region_throttle(state, "eu")
         assert isinstance(throttle, RegionThrottle)
         assert throttle.rate_per_s == 2
+        throttles = seawall(settings, "region", "list")
+        assert "region_throttle/region:eu" in throttles
+        assert "operator:test-operator" in throttles
+        assert "quota_override" not in throttles
 
         seawall(settings, "quota", "clear", "--tenant", "acme")
         seawall(settings, "region", "lift", "--region", "eu")

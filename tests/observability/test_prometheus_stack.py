@@ -146,7 +146,7 @@ def test_prometheus_scrapes_the_documented_series_and_rules(stack: Stack, promet
     for expr, labels in [
         ('seawall_worker_request_duration_seconds_bucket{pool="main"}', {"pool", "priority", "le"}),
         ("seawall_worker_time_to_first_token_seconds_bucket", {"pool", "priority", "le"}),
-        ('seawall_worker_requests_total{status="ok"}', {"pool", "status"}),
+        ('seawall_worker_requests_total{status="ok"}', {"pool", "priority", "status"}),
         ("seawall_admission_decisions_total", {"outcome", "reason", "priority", "tier"}),
         ('seawall_admission_decisions_total{outcome="rejected", tier="basic"}', {"reason"}),
         ("seawall_admission_tenant_decisions_total", {"tenant", "tier", "outcome"}),
@@ -156,6 +156,7 @@ def test_prometheus_scrapes_the_documented_series_and_rules(stack: Stack, promet
         ('seawall_controller_breaker_state{scope="pool:main"}', {"scope"}),
         ("seawall_control_state_age_seconds", set()),
         ('seawall:goodput_requests:rate5m_by_pool{pool="main-dedicated"}', {"pool"}),
+        ("seawall:goodput_requests:rate5m_by_pool_priority", {"pool", "priority"}),
         ('seawall:request_duration_seconds:p99_by_pool_priority{pool="main"}', {"priority"}),
         ('seawall:admission_rejections:rate5m_by_tier{tier="basic"}', {"tier"}),
     ]:

@@ -5,15 +5,18 @@ real broker, so it decides when each reply comes."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from services.common.settings import CommonSettings
 from services.ingress.service import IngressService
-from tests.integration.ingress.conftest import Downstream, Keys
+from tests.integration.ingress.conftest import Downstream, Keys, ingress_settings
 
 pytestmark = pytest.mark.integration
 
@@ -106,6 +109,51 @@ async def test_an_idle_socket_is_closed_with_4001(ingress: IngressService, keys:
     assert closed.value.rcvd.code == 4001
 
 
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One server frame off the raw socket (RFC 6455, unmasked): opcode, payload."""
+    head = await reader.readexactly(2)
+    size = head[1] & 0x7F
+    if size == 126:
+        size = int.from_bytes(await reader.readexactly(2))
+    elif size == 127:
+        size = int.from_bytes(await reader.readexactly(8))
+    return head[0] & 0x0F, await reader.readexactly(size)
+
+
+@pytest.mark.parametrize("ingress", [{"ws_ping_s": 0.5}], indirect=True)
+async def test_the_server_pings_and_drops_a_client_that_never_answers(
+    ingress: IngressService, keys: Keys
+) -> None:
+    """A raw socket, so that nothing answers the pings for the test: the server pings
+    every ``ws_ping_s`` and closes the connection of a client that stays silent."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", ingress.port)
+    try:
+        nonce = base64.b64encode(os.urandom(16)).decode()
+        writer.write(
+            (
+                "GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {nonce}\r\n"
+                f"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer {keys.pro}\r\n\r\n"
+            ).encode()
+        )
+        status = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert status.startswith(b"HTTP/1.1 101")
+        opcodes = []
+        async with asyncio.timeout(20):
+            while True:
+                try:
+                    opcode, _ = await read_frame(reader)
+                except asyncio.IncompleteReadError:
+                    break  # the server closed the connection
+                opcodes.append(opcode)
+                if opcode == 0x8:
+                    break
+    finally:
+        writer.close()
+    assert opcodes[0] == 0x1  # the session frame
+    assert 0x9 in opcodes  # a ping, which nobody answered: then the server hung up
+
+
 async def busy(ws: ClientConnection) -> None:
     """Send and read without pause, until the server closes the socket."""
     while True:
@@ -152,6 +200,28 @@ async def test_a_reconnect_with_the_session_id_receives_the_reply_owed(
             await frame(ws)
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 4004
+
+
+async def test_a_reconnect_to_another_replica_receives_the_reply_owed(
+    ingress: IngressService, keys: Keys, downstream: Downstream, settings: CommonSettings
+) -> None:
+    """The session lives in Redis, not in the replica that opened it: the reply owed
+    when the socket left reaches the client on whichever replica it comes back to."""
+    async with connect(url(ingress), additional_headers=auth(keys.pro)) as ws:
+        session_id = (await frame(ws))["session_id"]
+        await ws.send(ask("roaming", "answer me wherever I am"))
+        ((_, _, request),) = await downstream.take(1)
+    await downstream.answer(request, "found you")  # reaches the first replica only
+    other = IngressService(ingress_settings(settings, instance_id="ingress-other"))
+    async with (
+        other,
+        connect(url(other, session_id), additional_headers=auth(keys.pro)) as ws,
+    ):
+        resumed = await frame(ws)
+        owed = await frame(ws)
+    assert (resumed["session_id"], resumed["resumed"]) == (session_id, True)
+    assert (owed["id"], owed["request_id"]) == ("roaming", request.request_id)
+    assert owed["response"]["choices"][0]["message"]["content"] == "found you"
 
 
 async def test_a_reply_that_comes_after_the_reconnect_is_delivered_too(
