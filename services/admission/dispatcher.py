@@ -1,0 +1,228 @@
+"""Admission's dispatch loop: admitted work released at the pace the pools absorb.
+
+Each round, per destination pool, the ``PriorityScheduler`` shares the pool's free slots
+(``capacity.FleetCapacity``, the pacing rule) among the classes with work
+(``dispatching.pick``); the picked requests are checked for the client's abort marker
+in Redis, released through ``policy.release`` with the control state in force, and
+produced to ``llm.dispatch.<pool>`` keyed by session. Requests whose deadline passes
+while they wait get their ``expired`` reply from a periodic sweep. A request's offset
+is done once the broker acknowledges its dispatch; what the broker did not take goes
+back to the head of its backlog and waits for a backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+from schemas import InferenceRequest, Priority, ReasonCode
+from seawall_client.clock import Clock
+from seawall_client.serde import encode
+from seawall_client.topics import RedisKeys, Topics
+from services.admission import metrics as m
+from services.admission.answers import Answers
+from services.admission.backlog import Backlog, Waiting
+from services.admission.capacity import FleetCapacity, Placement
+from services.admission.corrections import STORE_ERRORS, Corrections
+from services.admission.dispatching import SCAVENGER, Round, pick
+from services.admission.policy import AdmissionPolicy, Admit, Reply, engine_cost
+from services.admission.scheduler import PriorityScheduler
+from services.common.control import ControlState
+from services.common.failures import Backoff, is_infrastructure
+from services.common.lifecycle import wait_set
+from services.common.offsets import OffsetTracker
+from services.common.redisclient import exists_each
+
+log = logging.getLogger(__name__)
+
+SWEEP_INTERVAL_S = 0.25
+"""How often waiting requests are checked for a passed deadline."""
+
+
+class Dispatcher:
+    """Runs dispatch rounds: when woken (capacity or control changed, work accepted), or
+    every ``dispatch_interval_s``."""
+
+    def __init__(
+        self,
+        *,
+        interval_s: float,
+        backlog: Backlog,
+        policy: AdmissionPolicy,
+        control: ControlState,
+        capacity: FleetCapacity,
+        producer: AIOKafkaProducer,
+        topics: Topics,
+        redis: aioredis.Redis,
+        keys: RedisKeys,
+        offsets: OffsetTracker[TopicPartition],
+        answers: Answers,
+        corrections: Corrections,
+        backoff: Backoff,
+        clock: Clock,
+    ) -> None:
+        self._interval_s = interval_s
+        self._backlog = backlog
+        self._policy = policy
+        self._control = control
+        self._capacity = capacity
+        self._producer = producer
+        self._topics = topics
+        self._redis = redis
+        self._keys = keys
+        self._offsets = offsets
+        self._answers = answers
+        self._corrections = corrections
+        self._backoff = backoff
+        self._clock = clock
+        self._schedulers: defaultdict[str, PriorityScheduler] = defaultdict(PriorityScheduler)
+        """Per pool: the configured ones, and canary pools as a split names them."""
+        self._wake = asyncio.Event()
+        self._last_sweep = 0.0
+
+    def wake(self) -> None:
+        """Ask for a dispatch round now (capacity or control changed)."""
+        self._wake.set()
+
+    async def loop(self) -> None:
+        while True:
+            await wait_set(self._wake, self._interval_s)
+            self._wake.clear()
+            if await self._round():
+                self._backoff.reset()
+            else:
+                await self._backoff.wait()  # the broker did not take the dispatches
+
+    async def _round(self) -> bool:
+        """One round; ``False`` if the broker was unavailable (the requests wait)."""
+        now = self._clock.monotonic()
+        ok = True
+        if now - self._last_sweep >= SWEEP_INTERVAL_S:
+            self._last_sweep = now
+            ok = await self._release(self._backlog.take_expired(self._clock.time()))
+        chosen = self._pick(now)
+        for w in chosen.shed:
+            self._answers.reply(
+                w.tp,
+                w.offset,
+                w.request,
+                w.source,
+                self._policy.shed(w.request, w.accepted, self._clock.time()),
+            )
+        ok = await self._release(chosen.picked, chosen.placements) and ok
+        for cls in Priority:
+            m.BACKLOG.labels(cls.value).set(self._backlog.count(cls))
+        m.BACKLOG.labels(SCAVENGER).set(self._backlog.scavengers())
+        return ok
+
+    def _pick(self, now: float) -> Round[Waiting]:
+        """The requests to release now (``dispatching.pick``): per destination pool,
+        what its budget holds shared by the scheduler; every request of a pool whose
+        breaker refuses (to be answered); the scavenger lane's to serve or shed."""
+        chosen = pick(
+            self._backlog.queues,
+            self._backlog.pools(self._policy.pools(self._control)),
+            self._policy,
+            self._control,
+            self._capacity,
+            self._schedulers,
+            now,
+        )
+        for pool, view in chosen.views.items():
+            m.POOL_FREE.labels(pool).set(view.free)
+            m.POOL_SLOTS.labels(pool).set(view.slots)
+            m.POOL_TOKENS.labels(pool, "kv", "budget").set(view.kv_budget)
+            m.POOL_TOKENS.labels(pool, "kv", "in_pool").set(view.kv_in_pool)
+            m.POOL_TOKENS.labels(pool, "prefill", "budget").set(view.prefill_budget)
+            m.POOL_TOKENS.labels(pool, "prefill", "in_pool").set(view.prefill_in_pool)
+        self._backlog.unbuffer(chosen.picked)
+        self._backlog.unbuffer(chosen.shed)
+        return chosen
+
+    async def _release(
+        self, picked: list[Waiting], placements: Sequence[Placement | None] = ()
+    ) -> bool:
+        """Answer or dispatch each picked request, on the partition of its placement
+        where it has one, else by its key; ``False`` if the broker was unavailable (what
+        it did not take is back in its backlog)."""
+        if not picked:
+            return True
+        placed = list(placements) or [None] * len(picked)
+        cancelled = await self._cancelled([w.request for w in picked])
+        now, mono = self._clock.time(), self._clock.monotonic()
+        lens = self._capacity.model_lens(mono)
+        sends: list[tuple[Waiting, Admit, asyncio.Future[Any]]] = []
+        unsent: list[Waiting] = []
+        for w, gone, placement in zip(picked, cancelled, placed, strict=True):
+            try:
+                verdict = self._policy.release(
+                    w.request, w.accepted.cls, w.accepted, self._control, now, gone, lens
+                )
+            except Exception as e:
+                self._answers.fail_waiting(w, e)
+                continue
+            if isinstance(verdict, Reply):
+                self._answers.reply(w.tp, w.offset, w.request, w.source, verdict)
+                self._corrections.refund(w)
+                continue
+            d = verdict.dispatch
+            if placement is not None and placement.pool != d.pool:
+                placement = None  # released to another pool than the round placed it on
+            try:
+                future = await self._producer.send(
+                    self._topics.dispatch(d.pool),
+                    encode(d),
+                    key=w.key.encode(),
+                    partition=placement.partition if placement is not None else None,
+                )
+            except Exception as e:
+                if is_infrastructure(e):
+                    unsent.append(w)
+                else:
+                    self._answers.fail_waiting(w, e)
+                continue
+            self._capacity.dispatched(
+                d.pool,
+                w.request.request_id,
+                mono,
+                engine_cost(w.cost, d.degradation),
+                placement.worker_id if placement is not None else None,
+            )
+            sends.append((w, verdict, future))
+        acks = await asyncio.gather(*(f for *_, f in sends), return_exceptions=True)
+        for (w, admit, _), ack in zip(sends, acks, strict=True):
+            if isinstance(ack, Exception):
+                if is_infrastructure(ack):
+                    unsent.append(w)
+                else:
+                    self._answers.fail_waiting(w, ack)
+                continue
+            if isinstance(ack, BaseException):
+                raise ack
+            self._offsets.done(w.tp, w.offset)
+            outcome = "admitted" if admit.reason is ReasonCode.NONE else "degraded"
+            m.decided(outcome, admit.reason.value, w.source, w.request)
+            m.DISPATCHES.labels(admit.dispatch.pool, w.accepted.cls.value).inc()
+        if unsent:
+            log.warning(
+                "the broker did not take dispatches; they wait", extra={"requests": len(unsent)}
+            )
+            self._backlog.requeue(unsent)
+        return not unsent
+
+    async def _cancelled(self, requests: list[InferenceRequest]) -> list[bool]:
+        """Which requests carry their client's abort marker (none, if Redis is down)."""
+        try:
+            return await exists_each(
+                self._redis, [self._keys.abort(r.tenant, r.request_id) for r in requests]
+            )
+        except STORE_ERRORS as e:
+            m.QUOTA_STORE_ERRORS.labels("abort_check").inc()
+            log.warning("could not check abort markers", extra={"error": str(e)})
+            return [False] * len(requests)

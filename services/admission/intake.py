@@ -1,0 +1,273 @@
+"""Admission's intake loop: every request read, decided and charged, or answered.
+
+One consumer, group ``<prefix>seawall.admission``, on the three priority topics. A
+record that does not decode, or whose ``reply_to`` is not an existing reply topic, is
+dead-lettered at once (no quota, no GPU for what nobody can receive). Each fetched
+batch is decided at once (``policy.screen``, then one pipelined round of atomic quota
+charges — region and tenant together, idempotent by request id (``quota.Charge``): a
+redelivered request is not charged twice — then ``policy.judge``): a rejection is
+answered immediately; an accepted request waits in its class's backlog. A class holding
+``max_buffered_per_class`` requests has its partitions paused (re-applied before every
+fetch and after every rebalance, which resets pauses); the rest of its backlog waits in
+Kafka.
+
+Offsets of the priority topics are committed only once each record's effect — its
+dispatch or its terminal reply or its dead letter — is acknowledged by the broker.
+Records held in the backlog when partitions are revoked or the service stops are not
+committed: the next owner decides them again (its quota charge is then the second one,
+so a rebalance can only make admission stricter, never looser).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Sequence
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+
+from schemas import InferenceRequest, Priority
+from seawall_client.clock import Clock
+from seawall_client.serde import REQUEST, DecodeError, decode
+from seawall_client.topics import RedisKeys, Topics
+from services.admission import metrics as m
+from services.admission.answers import Answers
+from services.admission.backlog import Backlog, Waiting
+from services.admission.capacity import FleetCapacity
+from services.admission.corrections import Corrections
+from services.admission.dispatching import forecasts
+from services.admission.hint_publisher import HintPublisher
+from services.admission.policy import NO_FORECASTS, AdmissionPolicy, Reply, Screened
+from services.admission.quota import Charge, Charged, QuotaUnavailable, RedisQuota, on_redis_down
+from services.admission.settings import AdmissionSettings
+from services.common.bus import commit_done
+from services.common.consuming import Record, observe_lag, retry_unavailable
+from services.common.control import ControlState
+from services.common.delivery import Replies
+from services.common.failures import Backoff
+from services.common.offsets import OffsetTracker
+
+log = logging.getLogger(__name__)
+
+MARKER_MARGIN_S = 60.0
+"""A request's charge marker outlives its deadline by this much (a redelivery after the
+deadline is answered ``expired`` before any charge)."""
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, intake: Intake) -> None:
+        self._intake = intake
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self._intake.revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.info("partitions assigned", extra={"partitions": len(assigned)})
+        self._intake.apply_pauses()
+
+
+class Intake:
+    """Reads the priority topics (it subscribes ``consumer`` to them), decides each
+    batch, and commits what is done."""
+
+    def __init__(
+        self,
+        *,
+        settings: AdmissionSettings,
+        consumer: AIOKafkaConsumer,
+        topics: Topics,
+        keys: RedisKeys,
+        offsets: OffsetTracker[TopicPartition],
+        replies: Replies,
+        quota: RedisQuota,
+        policy: AdmissionPolicy,
+        control: ControlState,
+        capacity: FleetCapacity,
+        backlog: Backlog,
+        answers: Answers,
+        corrections: Corrections,
+        hints: HintPublisher,
+        backoff: Backoff,
+        wake: Callable[[], None],
+        clock: Clock,
+    ) -> None:
+        self._settings = settings
+        self._consumer = consumer
+        self._keys = keys
+        self._offsets = offsets
+        self._replies = replies
+        self._quota = quota
+        self._policy = policy
+        self._control = control
+        self._capacity = capacity
+        self._backlog = backlog
+        self._answers = answers
+        self._corrections = corrections
+        self._hints = hints
+        self._backoff = backoff
+        self._wake = wake
+        self._clock = clock
+        self._class_of = {topics.requests(p): p for p in Priority}
+        consumer.subscribe(list(self._class_of), listener=_Rebalance(self))
+
+    def apply_pauses(self) -> None:
+        """Pause the partitions of every class whose backlog is full, resume the rest."""
+        buffered = self._backlog.buffered
+        full = {c for c in Priority if buffered[c] >= self._settings.max_buffered_per_class}
+        assigned = self._consumer.assignment()
+        pause = [tp for tp in assigned if self._class_of[tp.topic] in full]
+        self._consumer.pause(*pause)
+        self._consumer.resume(*(tp for tp in assigned if tp not in pause))
+
+    async def loop(self) -> None:
+        consumer = self._consumer
+        while True:
+            self.apply_pauses()
+            batches = await retry_unavailable(
+                functools.partial(
+                    consumer.getmany, timeout_ms=100, max_records=self._settings.intake_batch
+                ),
+                self._backoff,
+                "admission-intake",
+            )
+            observe_lag("admission", consumer, batches)
+            decoded: list[tuple[TopicPartition, Record, InferenceRequest, Priority]] = []
+            for tp, records in batches.items():
+                cls = self._class_of[tp.topic]
+                for record in records:
+                    self._offsets.track(tp, record.offset)
+                    try:
+                        decoded.append((tp, record, decode(REQUEST, record.value), cls))
+                    except DecodeError as e:
+                        self._answers.refuse(tp, record, None, cls, e)
+            # One look at the broker's topics for the whole batch: nobody could receive
+            # an answer on a reply topic that does not exist (no quota, no GPU for it).
+            unusable = await retry_unavailable(
+                functools.partial(self._replies.check_many, (r.reply_to for *_, r, _ in decoded)),
+                self._backoff,
+                "admission-intake",
+            )
+            items: list[tuple[TopicPartition, int, InferenceRequest, Priority]] = []
+            for tp, record, request, cls in decoded:
+                error = unusable[request.reply_to]
+                if error is None:
+                    items.append((tp, record.offset, request, cls))
+                else:
+                    self._answers.refuse(tp, record, request, cls, error)
+            if items:
+                await self._decide(items)
+
+    async def _decide(
+        self, items: Sequence[tuple[TopicPartition, int, InferenceRequest, Priority]]
+    ) -> None:
+        now = self._clock.time()
+        mono = self._clock.monotonic()
+        lens = self._capacity.model_lens(mono)
+        ahead = (
+            forecasts(
+                self._backlog.queues,
+                self._backlog.pools(self._policy.pools(self._control)),
+                self._capacity,
+                mono,
+            )
+            if self._settings.early_rejection
+            else NO_FORECASTS
+        )
+        screened: list[tuple[TopicPartition, int, InferenceRequest, Priority, Screened]] = []
+        for tp, offset, request, cls in items:
+            try:
+                verdict = self._policy.screen(request, cls, self._control, now, lens, ahead)
+            except Exception as e:  # a record-level failure: it is answered, nothing stops
+                self._answers.fail(tp, offset, request, cls, e)
+                continue
+            if isinstance(verdict, Reply):
+                self._answers.reply(tp, offset, request, cls, verdict)
+            else:
+                screened.append((tp, offset, request, cls, verdict))
+        if not screened:
+            return
+        charged = await self._charge([self._charge_of(r, s, now) for _, _, r, _, s in screened])
+        now = self._clock.time()
+        accepted: list[Waiting] = []
+        for i, (tp, offset, request, cls, s) in enumerate(screened):
+            if charged is None:  # Redis down: the tier's policy; no region check
+                c = Charged(
+                    on_redis_down(s.tenant.config.tier, self._settings.quota_retry_after_s), None
+                )
+            else:
+                c = charged[i]
+            try:
+                judged = self._policy.judge(request, cls, s, now, c.tenant, c.region)
+            except Exception as e:
+                self._answers.fail(tp, offset, request, cls, e)
+                continue
+            if isinstance(judged, Reply):
+                self._answers.reply(tp, offset, request, cls, judged)
+                await self._hints.hint(request.tenant, c.tenant)
+            else:
+                accepted.append(
+                    Waiting(tp, offset, request, cls, judged, self._clock.monotonic(), c.replayed)
+                )
+        self._backlog.add(accepted)
+        self._wake()
+
+    def _charge_of(self, request: InferenceRequest, screened: Screened, now: float) -> Charge:
+        """The request's charge, with its marker (kept past its deadline, plus a margin)
+        and its reservation record."""
+        if request.deadline_at is not None:
+            life_s = max(0.0, request.deadline_at - now) + MARKER_MARGIN_S
+        else:
+            life_s = self._settings.reservation_ttl_s
+        tenant, rid = request.tenant, request.request_id
+        return Charge(
+            screened.tenant,
+            screened.region,
+            self._keys.admitted(tenant, rid),
+            int(life_s * 1000),
+            self._keys.reservation(tenant, rid),
+            int(self._settings.reservation_ttl_s * 1000),
+        )
+
+    async def _charge(self, charges: list[Charge]) -> list[Charged] | None:
+        """One pipelined round of quota charges; ``None`` when Redis is unreachable."""
+        started = self._clock.monotonic()
+        try:
+            charged = await self._quota.charge_many(charges)
+        except QuotaUnavailable as e:
+            m.QUOTA_STORE_ERRORS.labels("decide").inc()
+            log.warning("quota store unavailable; per-tier policy applies", extra={"error": str(e)})
+            return None
+        finally:
+            m.QUOTA_LATENCY.observe(self._clock.monotonic() - started)
+        if log.isEnabledFor(logging.DEBUG):
+            for charge, c in zip(charges, charged, strict=True):
+                log.debug(
+                    "quota decided",
+                    extra={
+                        "bucket": charge.tenant.tenant,
+                        "outcome": c.tenant.outcome,
+                        "reason": c.tenant.reason,
+                        "replayed": c.replayed,
+                        "server_time": c.tenant.at,
+                    },
+                )
+        return charged
+
+    # -- commits and rebalances -----------------------------------------------------------
+    async def commit_done(self) -> None:
+        await commit_done(self._consumer, self._offsets)
+
+    async def commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.commit_interval_s)
+            await self.commit_done()
+
+    async def revoked(self, revoked: list[TopicPartition]) -> None:
+        """Partitions taken away: commit what is done, drop what waits (its new owner
+        decides it again) and give back its tokens."""
+        await self.commit_done()
+        self._offsets.forget(revoked)
+        gone = set(revoked)
+        for w in self._backlog.remove(lambda w: w.tp in gone):
+            self._corrections.refund(w)

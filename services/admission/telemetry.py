@@ -1,0 +1,47 @@
+"""Admission's telemetry tail: what the pacing rule learns of the pools.
+
+Every worker report (``llm.telemetry``) and completion (``llm.completions``), read
+without a group from the end of both topics, feeds the pacing rule
+(``capacity.FleetCapacity``) and each pool's ``max_model_len``, and asks for a dispatch
+round now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from seawall_client.clock import Clock
+from seawall_client.serde import COMPLETION, TELEMETRY, decode
+from services.admission.capacity import FleetCapacity
+from services.common.consuming import Record
+
+
+class TelemetryTail:
+    """The capacity tail's handler: every report and completion feeds the pacing rule.
+    What does not decode is skipped (nothing of it could count)."""
+
+    def __init__(
+        self,
+        capacity: FleetCapacity,
+        completions_topic: str,
+        clock: Clock,
+        wake: Callable[[], None],
+    ) -> None:
+        self._capacity = capacity
+        self._completions_topic = completions_topic
+        self._clock = clock
+        self._wake = wake
+
+    async def decide(self, record: Record) -> None:
+        now, capacity = self._clock.monotonic(), self._capacity
+        if record.topic == self._completions_topic:
+            done = decode(COMPLETION, record.value)
+            capacity.completed(done.worker_id, done.request_id, now, done.seq)
+        else:
+            capacity.observe(decode(TELEMETRY, record.value), now)
+
+    async def effect(self, record: Record, decision: None) -> None:
+        self._wake()
+
+    async def fail(self, record: Record, error: BaseException) -> None:
+        return None
