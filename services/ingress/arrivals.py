@@ -1,6 +1,6 @@
 """Requests per client region, reported to the controller for hotspot detection.
 
-The gate counts every authenticated request by the region of its client
+The pipeline counts every authenticated request by the region of its client
 (``ArrivalCounter``, before any refusal: a surge is what arrives, not what is let
 through); ``ArrivalReporter`` publishes the counts once a second as a
 ``RegionArrivals`` on ``llm.arrivals`` and starts a new interval. These are statistics:

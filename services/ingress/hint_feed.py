@@ -1,4 +1,4 @@
-"""Tails ``llm.quota.hints`` into the gate's ``QuotaHints`` (the imperative shell of
+"""Tails ``llm.quota.hints`` into the pipeline's ``QuotaHints`` (the imperative shell of
 ``services.ingress.hints``).
 
 Groupless, from the end of the topic: every ingress instance needs every hint, and a

@@ -3,7 +3,7 @@
 A record must prove its key: it is signed with the API key (``seawall_client.signing``:
 headers ``seawall-key-id``, ``seawall-timestamp``, ``seawall-signature``, an HMAC over
 the timestamp, the key id and the SHA-256 of the value). Then it goes through the same
-gate as an HTTP request (``pipeline.py``); tenant, tier and priority are the key's,
+pipeline as an HTTP request (``pipeline.py``); tenant, tier and priority are the key's,
 whatever the record says.
 
 Refused without an answer, as a dead letter with the reason (``pipeline.Forged``), is
@@ -53,7 +53,8 @@ from services.common.delivery import Replies, Undeliverable
 from services.common.lifecycle import Component
 from services.ingress import metrics as m
 from services.ingress.keys import KeyRecord
-from services.ingress.pipeline import Forged, Gate, Refusal
+from services.ingress.pipeline import Forged, IngressPipeline
+from services.ingress.refusals import Refusal
 from services.ingress.settings import IngressSettings
 
 
@@ -87,7 +88,7 @@ class KafkaIngress(Component):
     def __init__(
         self,
         settings: IngressSettings,
-        gate: Gate,
+        pipeline: IngressPipeline,
         replies: Replies,
         dead_letters: DeadLetters,
         topics: Topics,
@@ -95,7 +96,7 @@ class KafkaIngress(Component):
     ) -> None:
         super().__init__()
         self._settings = settings
-        self._gate = gate
+        self._pipeline = pipeline
         self._replies = replies
         self._dead_letters = dead_letters
         self._topics = topics
@@ -129,7 +130,7 @@ class KafkaIngress(Component):
     # -- the handler (services.common.consuming.Handler) ---------------------------
     async def decide(self, record: Record) -> _Effect:
         value = record.value or b""
-        key = await self._gate.verify_signed(record.headers, value)
+        key = await self._pipeline.verify_signed(record.headers, value)
         if isinstance(key, Forged):
             return _DeadLetter(key.error())
         try:
@@ -139,13 +140,13 @@ class KafkaIngress(Component):
         forged = await self._bound_to(key, request, record)
         if forged is not None:
             return _DeadLetter(forged.error())
-        principal = await self._gate.principal(key, "inference")
+        principal = await self._pipeline.principal(key, "inference")
         if isinstance(request, AbortRequest):
             if isinstance(principal, Refusal):
                 return _DeadLetter(DecodeError(principal.code, principal.message))
             # Set here, not when applying: a Redis failure then retries the record like
             # a failed key lookup does. The marker is idempotent.
-            await self._gate.abort(
+            await self._pipeline.abort(
                 principal.tenant, request.request_id, request.deadline_at, request.cause
             )
             return _Aborted()
@@ -155,14 +156,14 @@ class KafkaIngress(Component):
             return _DeadLetter(e)
         if isinstance(principal, Refusal):  # a retired or revoked key: it may know why
             return _Reject(request, principal)
-        gate = self._gate
+        pipeline = self._pipeline
         user_agent = request.client.user_agent
-        refusal = gate.check_size(value, self._settings.max_record_bytes) or (
-            gate.check_user_agent(user_agent) if user_agent else None
+        refusal = pipeline.check_size(value, self._settings.max_record_bytes) or (
+            pipeline.check_user_agent(user_agent) if user_agent else None
         )
         if refusal is not None:
             return _Reject(request, refusal)
-        prepared = await gate.prepare(request, principal)
+        prepared = await pipeline.prepare(request, principal)
         if isinstance(prepared, Refusal):
             return _Reject(request, prepared)
         return _Publish(prepared)
@@ -181,7 +182,7 @@ class KafkaIngress(Component):
             return Forged("foreign_reply_to")
         position = f"{record.topic}/{record.partition}/{record.offset}"
         kind = "abort" if isinstance(message, AbortRequest) else "request"
-        if not await self._gate.first_sighting(
+        if not await self._pipeline.first_sighting(
             key.tenant, f"{kind}:{message.request_id}", position
         ):
             return Forged("replayed")
@@ -190,7 +191,7 @@ class KafkaIngress(Component):
     async def effect(self, record: Record, decision: _Effect) -> asyncio.Future[Any] | None:
         if isinstance(decision, _Publish):
             m.REQUESTS.labels("kafka", "published").inc()
-            return await self._gate.publish(decision.request)
+            return await self._pipeline.publish(decision.request)
         if isinstance(decision, _Reject):
             m.REQUESTS.labels("kafka", "refused").inc()
             m.REFUSALS.labels("kafka", decision.refusal.code).inc()

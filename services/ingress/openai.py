@@ -53,7 +53,7 @@ from schemas import (
 )
 from seawall_client.serde import describe
 from services.common.openai_shapes import OneChoice, OnePrompt, TextPart, content_text
-from services.ingress.pipeline import Refusal, invalid, param_of
+from services.ingress.refusals import Refusal, invalid, param_of
 
 # --- request bodies ------------------------------------------------------------------
 
@@ -159,7 +159,7 @@ def to_request(
     session_id: str | None,
     client: ClientMeta,
 ) -> InferenceRequest | Refusal:
-    """The draft request (tenant, tier, pool and final deadline are the gate's)."""
+    """The draft request (tenant, tier, pool and final deadline are the pipeline's)."""
     timeouts = [t for t in (timeout_s, body.timeout) if t is not None]
     try:
         sampling = SamplingParams.model_validate(body.sampling())

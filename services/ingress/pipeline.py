@@ -1,8 +1,8 @@
 """The one path from a raw request to the priority topic, shared by HTTP and Kafka.
 
 Each transport turns its input into an ``InferenceRequest`` its own way (OpenAI JSON;
-a record on ``llm.ingress``) and then goes through the ``Gate``, in this order (cheap
-checks first, nothing parsed before its size is known):
+a record on ``llm.ingress``) and then goes through the ``IngressPipeline``, in this
+order (cheap checks first, nothing parsed before its size is known):
 
 1. ``check_size``: the raw bytes against the limit (HTTP before parsing);
 2. ``check_user_agent``: the blacklist;
@@ -18,10 +18,8 @@ checks first, nothing parsed before its size is known):
    prompt-length metrics;
 5. ``publish``: onto ``llm.requests.<priority>``, keyed by session id (else tenant).
 
-A refusal is a ``Refusal``: a ``ReasonCode`` for the wire, a stable ``code`` and a
-message that never echoes the input. HTTP turns it into an OpenAI error, Kafka into a
-terminal ``rejected`` reply. Infrastructure failures (Redis, Kafka) are exceptions, not
-refusals: the request was not judged.
+A refusal is a ``Refusal`` (``refusals.py``). Infrastructure failures (Redis, Kafka)
+are exceptions, not refusals: the request was not judged.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
-from schemas import ChatMessage, InferenceRequest, QuotaHint, RateLimitInfo, ReasonCode
+from schemas import ChatMessage, InferenceRequest, ReasonCode
 from schemas.requests import TIER_PRIORITY
 from seawall_client import signing
 from seawall_client.clock import SYSTEM_CLOCK, Clock
@@ -57,60 +55,13 @@ from services.ingress.filters.useragent import UserAgentBlacklist
 from services.ingress.hints import QuotaHints
 from services.ingress.keys import Action, KeyDecision, KeyRecord, check, verify
 from services.ingress.keystore import KeyStore, TenantPolicy
+from services.ingress.refusals import Refusal, body_too_large, invalid, over_quota, param_of
 from services.ingress.settings import IngressSettings
 
 log = logging.getLogger(__name__)
 
 ABORT_MARKER_MARGIN_S = 60
 _KEY_ID = re.compile(r"[0-9a-f]{12}")
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    reason: ReasonCode
-    code: str
-    """Stable and specific: ``body_too_large``, ``invalid_api_key``, ``key_revoked``, ..."""
-    message: str
-    """For the client; never carries the inspected input."""
-    param: str | None = None
-    """The offending request field, where there is one."""
-    retry_after_s: float | None = None
-    """When trying again may succeed (HTTP ``Retry-After``), where that is known."""
-    rate_limit: RateLimitInfo | None = None
-    """The quota figures behind a ``quota_exceeded`` refusal (``X-RateLimit-*``)."""
-
-
-def over_quota(hint: QuotaHint, now: float) -> Refusal:
-    """The refusal a quota hint makes: what admission would answer, with the figures
-    of the rejection behind the hint as they stand at ``now``."""
-    wait_s = max(1, math.ceil(hint.until - now))
-    info = hint.rate_limit
-    reset_s = min(86_400.0, max(0.0, info.reset_s - (now - hint.issued_at)))
-    return Refusal(
-        ReasonCode.QUOTA_EXCEEDED,
-        ReasonCode.QUOTA_EXCEEDED.value,
-        "quota exceeded",
-        retry_after_s=wait_s,
-        rate_limit=RateLimitInfo(
-            limit=info.limit, remaining=0, reset_s=reset_s, retry_after_s=wait_s
-        ),
-    )
-
-
-def invalid(code: str, message: str, param: str | None = None) -> Refusal:
-    return Refusal(ReasonCode.INVALID_REQUEST, code, message, param)
-
-
-def body_too_large(limit: int) -> Refusal:
-    return invalid("body_too_large", f"The request is larger than {limit} bytes.")
-
-
-def param_of(error: ValidationError) -> str | None:
-    """The first offending field as a dotted path (``messages.0.content``)."""
-    errors = error.errors(include_url=False, include_input=False)
-    if not errors or not errors[0]["loc"]:
-        return None
-    return ".".join(str(p) for p in errors[0]["loc"])
 
 
 _KEY_MESSAGES = {
@@ -167,7 +118,10 @@ class Forged:
         return DecodeError(self.reason, f"unauthenticated: {self.reason.replace('_', ' ')}")
 
 
-class Gate:
+class IngressPipeline:
+    """The steps above, from a transport's request to its priority topic (and the abort
+    marker of a published request given up on)."""
+
     def __init__(
         self,
         settings: IngressSettings,

@@ -1,5 +1,5 @@
 """The ingress service: the HTTP front (uvicorn, run in-process), the Kafka ingress and
-the reply router, sharing one producer, one Redis client and one gate.
+the reply router, sharing one producer, one Redis client and one pipeline.
 
 Start: topics, producer, reply router (its topic ``llm.reply.ingress-<instance id>`` is
 created then: give each instance a stable ``SEAWALL_INSTANCE_ID`` in production, or each
@@ -39,7 +39,7 @@ from services.ingress.hint_feed import HintFeed
 from services.ingress.http import create_app
 from services.ingress.kafka_ingress import KafkaIngress
 from services.ingress.keystore import AuditLog, KeyStore
-from services.ingress.pipeline import Gate
+from services.ingress.pipeline import IngressPipeline
 from services.ingress.replies import ReplyRouter
 from services.ingress.settings import IngressSettings, safe_name
 from services.ingress.websocket import WebSocketSessions
@@ -89,18 +89,20 @@ class IngressService(Component):
             FailureLimiter(settings.denial_audit_per_s, settings.denial_audit_burst),
             clock,
         )
-        self.gate = Gate(
+        self.pipeline = IngressPipeline(
             settings, self.keystore, self.denials, self._producer, self.topics, self._redis, clock
         )
         replies = Replies(self._producer, self.topics, TopicDirectory(self._producer, clock=clock))
-        self.kafka = KafkaIngress(settings, self.gate, replies, dead_letters, self.topics, clock)
-        self.hint_feed = HintFeed(settings, self.topics.quota_hints, self.gate.hints, clock)
-        self.arrivals = ArrivalReporter(
-            self.gate.arrivals, self._producer, self.topics.arrivals, instance
+        self.kafka = KafkaIngress(
+            settings, self.pipeline, replies, dead_letters, self.topics, clock
         )
-        self.websockets = WebSocketSessions(self.gate, self.router, self._redis, clock)
+        self.hint_feed = HintFeed(settings, self.topics.quota_hints, self.pipeline.hints, clock)
+        self.arrivals = ArrivalReporter(
+            self.pipeline.arrivals, self._producer, self.topics.arrivals, instance
+        )
+        self.websockets = WebSocketSessions(self.pipeline, self.router, self._redis, clock)
         self.app = create_app(
-            self.gate, self.router, self._ready, clock, websocket=self.websockets.serve
+            self.pipeline, self.router, self._ready, clock, websocket=self.websockets.serve
         )
         self._server: _Server | None = None
         self._http: asyncio.Task[Any] | None = None

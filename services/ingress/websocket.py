@@ -53,8 +53,10 @@ from seawall_client.streams import ReplyRouterClosed
 from seawall_client.topics import RedisKeys
 from services.common.failures import is_infrastructure
 from services.ingress import openai as oai
-from services.ingress.http import Admitted, Waiter, admit_body, bearer, deadline_error, source_of
-from services.ingress.pipeline import Gate, Principal, Refusal
+from services.ingress.admit import Admitted, admit_body, bearer, source_of
+from services.ingress.answers import Waiter, deadline_error
+from services.ingress.pipeline import IngressPipeline, Principal
+from services.ingress.refusals import Refusal
 from services.ingress.replies import ReplyRouter
 
 log = logging.getLogger(__name__)
@@ -108,16 +110,16 @@ class WebSocketSessions:
 
     def __init__(
         self,
-        gate: Gate,
+        pipeline: IngressPipeline,
         router: ReplyRouter,
         redis: aioredis.Redis,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.settings = gate.settings
-        self._gate = gate
+        self.settings = pipeline.settings
+        self._pipeline = pipeline
         self._router = router
         self._redis = redis
-        self._keys = RedisKeys(gate.settings.redis_prefix)
+        self._keys = RedisKeys(pipeline.settings.redis_prefix)
         self._clock = clock
 
     # -- the connection ----------------------------------------------------------
@@ -156,12 +158,12 @@ class WebSocketSessions:
                 await asyncio.gather(*socket.in_flight, return_exceptions=True)
 
     async def _authenticate(self, ws: WebSocket) -> Principal | None:
-        gate = self._gate
-        refusal = gate.check_user_agent(ws.headers.get("user-agent"))
+        pipeline = self._pipeline
+        refusal = pipeline.check_user_agent(ws.headers.get("user-agent"))
         principal = (
             refusal
             if refusal is not None
-            else await gate.authenticate(
+            else await pipeline.authenticate(
                 bearer(ws.headers.get("authorization")),
                 source=source_of(ws, self.settings.trusted_proxies),
             )
@@ -273,12 +275,12 @@ class WebSocketSessions:
         req = admitted.request
         stream = self._router.register(request_id)
         try:
-            await (await self._gate.publish(req))
+            await (await self._pipeline.publish(req))
         except BaseException:
             self._router.unregister(request_id)
             raise
         await self._pending(socket.session_id, +1)
-        waiter = Waiter(self._gate, self._router, stream, req, self._clock)
+        waiter = Waiter(self._pipeline, self._router, stream, req, self._clock)
         try:
             final = await self._answer(
                 socket, client_id, request_id, waiter, admitted.shape, req.stream
@@ -291,7 +293,7 @@ class WebSocketSessions:
             await self._pending(socket.session_id, -1)
 
     async def _admit(self, socket: _Socket, body: bytes, request_id: str) -> Admitted | Refusal:
-        too_large = Gate.check_size(body, self.settings.max_body_bytes)
+        too_large = IngressPipeline.check_size(body, self.settings.max_body_bytes)
         if too_large is not None:
             return too_large
         parsed = oai.parse_body(body, oai.ChatBody)
@@ -299,7 +301,7 @@ class WebSocketSessions:
             return parsed
         ws = socket.ws
         return await admit_body(
-            self._gate,
+            self._pipeline,
             parsed,
             socket.principal,
             request_id=request_id,

@@ -14,7 +14,7 @@ from seawall_client.clock import ManualClock
 from seawall_client.topics import RedisKeys, Topics
 from services.ingress.denials import DenialAudit, FailureLimiter
 from services.ingress.keystore import AuditLog, KeyStore
-from services.ingress.pipeline import Gate
+from services.ingress.pipeline import IngressPipeline
 from services.ingress.replies import ReplyRouter
 from services.ingress.settings import IngressSettings
 
@@ -24,7 +24,7 @@ UNREACHABLE = "127.0.0.1:1"
 @dataclass
 class Parts:
     settings: IngressSettings
-    gate: Gate
+    pipeline: IngressPipeline
     router: ReplyRouter
     clock: ManualClock
 
@@ -47,8 +47,8 @@ async def parts(request: pytest.FixtureRequest) -> AsyncIterator[Parts]:
     audit = AuditLog(producer, topics.audit, "test", clock)
     store = KeyStore(redis, RedisKeys(), settings.pepper, audit, clock=clock)
     denials = DenialAudit(producer, topics.audit, "test", FailureLimiter(1.0, 5), clock)
-    gate = Gate(settings, store, denials, producer, topics, redis, clock)
+    pipeline = IngressPipeline(settings, store, denials, producer, topics, redis, clock)
     try:
-        yield Parts(settings, gate, ReplyRouter(settings, "unit"), clock)
+        yield Parts(settings, pipeline, ReplyRouter(settings, "unit"), clock)
     finally:
         await redis.aclose()

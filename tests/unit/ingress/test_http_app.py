@@ -24,7 +24,7 @@ def ready() -> dict[str, bool]:
 
 @pytest.fixture
 async def client(parts: Parts, ready: dict[str, bool]) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(parts.gate, parts.router, lambda: ready["value"], parts.clock)
+    app = create_app(parts.pipeline, parts.router, lambda: ready["value"], parts.clock)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as c:
         yield c

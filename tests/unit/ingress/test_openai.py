@@ -16,7 +16,7 @@ from schemas import (
     ReplyStatus,
 )
 from services.ingress import openai as oai
-from services.ingress.pipeline import Refusal, invalid
+from services.ingress.refusals import Refusal, invalid
 
 pytestmark = pytest.mark.unit
 

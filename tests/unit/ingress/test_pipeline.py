@@ -1,4 +1,4 @@
-"""The gate's pure parts: what a request becomes on its way to the priority topic."""
+"""The pipeline's pure parts: what a request becomes on its way to the priority topic."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from services.common.tokenizer import count_tokens
 from services.ingress.keys import DAY_S, KeyRecord, check
 from services.ingress.keystore import TenantPolicy
 from services.ingress.openai import error_for_refusal
-from services.ingress.pipeline import Principal, Refusal
+from services.ingress.pipeline import Principal
+from services.ingress.refusals import Refusal
 from tests.unit.ingress.conftest import Parts
 
 pytestmark = pytest.mark.unit
@@ -52,7 +53,7 @@ def request(parts: Parts, **changes: object) -> InferenceRequest:
 async def test_the_key_decides_tenant_tier_and_priority(parts: Parts) -> None:
     now = parts.clock.time()
     before = REGISTRY.get_sample_value("seawall_ingress_prompt_tokens_count") or 0.0
-    got = await parts.gate.prepare(
+    got = await parts.pipeline.prepare(
         request(parts, model="tiny", client=ClientMeta(client_ip="203.0.113.7")),
         principal(parts),
     )
@@ -68,13 +69,13 @@ async def test_the_key_decides_tenant_tier_and_priority(parts: Parts) -> None:
 async def test_ingress_counts_the_prompt_whatever_the_producer_wrote(parts: Parts) -> None:
     """Admission reserves what ``prompt_tokens`` says: a producer's figure never
     reaches it, and a redacted prompt is counted as the engine will read it."""
-    forged = await parts.gate.prepare(
+    forged = await parts.pipeline.prepare(
         request(parts, prompt="hello there world", prompt_tokens=0), principal(parts)
     )
     assert isinstance(forged, InferenceRequest)
     assert forged.prompt_tokens == count_tokens("hello there world") == 3
     messages = (ChatMessage(role="user", content="password: hunter22 please"),)
-    redacted = await parts.gate.prepare(
+    redacted = await parts.pipeline.prepare(
         request(parts, prompt=None, messages=messages, prompt_tokens=10**6), principal(parts)
     )
     assert isinstance(redacted, InferenceRequest)
@@ -85,8 +86,8 @@ async def test_ingress_counts_the_prompt_whatever_the_producer_wrote(parts: Part
 
 async def test_deadlines_only_get_shorter(parts: Parts) -> None:
     now = parts.clock.time()
-    soon = await parts.gate.prepare(request(parts, deadline_at=now + 5), principal(parts))
-    late = await parts.gate.prepare(request(parts, deadline_at=now + 500), principal(parts))
+    soon = await parts.pipeline.prepare(request(parts, deadline_at=now + 5), principal(parts))
+    late = await parts.pipeline.prepare(request(parts, deadline_at=now + 500), principal(parts))
     assert isinstance(soon, InferenceRequest)
     assert isinstance(late, InferenceRequest)
     assert soon.deadline_at == now + 5
@@ -98,7 +99,7 @@ async def test_sensitive_values_are_redacted_under_redact(parts: Parts) -> None:
         ChatMessage(role="system", content="no secrets"),
         ChatMessage(role="user", content="password: hunter22 please"),
     )
-    got = await parts.gate.prepare(
+    got = await parts.pipeline.prepare(
         request(parts, prompt=None, messages=messages), principal(parts, Tier.PRO)
     )
     assert isinstance(got, InferenceRequest)
@@ -118,7 +119,7 @@ async def test_sensitive_values_are_redacted_under_redact(parts: Parts) -> None:
     ],
 )
 async def test_refusals(parts: Parts, changes: dict[str, object], code: str, param: str) -> None:
-    got = await parts.gate.prepare(request(parts, **changes), principal(parts))
+    got = await parts.pipeline.prepare(request(parts, **changes), principal(parts))
     assert isinstance(got, Refusal)
     assert (got.reason, got.code, got.param) == (ReasonCode.INVALID_REQUEST, code, param)
 
@@ -132,17 +133,17 @@ def test_grace_keys_carry_deprecation_headers(parts: Parts) -> None:
 
 
 def test_cheap_filters(parts: Parts) -> None:
-    gate = parts.gate
-    assert gate.check_size(b"x" * 10, 10) is None
-    too_large = gate.check_size(b"x" * 11, 10)
+    pipeline = parts.pipeline
+    assert pipeline.check_size(b"x" * 10, 10) is None
+    too_large = pipeline.check_size(b"x" * 11, 10)
     assert too_large is not None
     assert too_large.code == "body_too_large"
-    blocked = gate.check_user_agent("Mozilla/5.0 sqlmap/1.7")
+    blocked = pipeline.check_user_agent("Mozilla/5.0 sqlmap/1.7")
     assert blocked is not None
     assert (blocked.reason, blocked.code) == (ReasonCode.FORBIDDEN, "user_agent_blocked")
-    assert gate.check_user_agent("curl/8") is None
-    assert gate.region("203.0.113.200") == "eu-west"
-    assert gate.region("not an ip") == ""
+    assert pipeline.check_user_agent("curl/8") is None
+    assert pipeline.region("203.0.113.200") == "eu-west"
+    assert pipeline.region("not an ip") == ""
 
 
 async def test_a_quota_hint_refuses_its_tenant_until_it_passes(parts: Parts) -> None:
@@ -151,10 +152,10 @@ async def test_a_quota_hint_refuses_its_tenant_until_it_passes(parts: Parts) -> 
     to admission again; other tenants are not touched."""
     now = parts.clock.time()
     info = RateLimitInfo(limit=20, remaining=0, reset_s=20.0, retry_after_s=2.0)
-    parts.gate.hints.observe(
+    parts.pipeline.hints.observe(
         QuotaHint(tenant="big-co", until=now + 1.5, issued_at=now - 0.5, rate_limit=info), now
     )
-    refused = await parts.gate.prepare(request(parts), principal(parts))
+    refused = await parts.pipeline.prepare(request(parts), principal(parts))
     assert isinstance(refused, Refusal)
     assert (refused.reason, refused.code, refused.retry_after_s) == (
         ReasonCode.QUOTA_EXCEEDED,
@@ -173,14 +174,16 @@ async def test_a_quota_hint_refuses_its_tenant_until_it_passes(parts: Parts) -> 
         "Retry-After": "2",
     }
     other = dataclasses.replace(principal(parts), tenant="small-co")
-    assert isinstance(await parts.gate.prepare(request(parts), other), InferenceRequest)
+    assert isinstance(await parts.pipeline.prepare(request(parts), other), InferenceRequest)
     parts.clock.advance(1.5)
-    assert isinstance(await parts.gate.prepare(request(parts), principal(parts)), InferenceRequest)
+    assert isinstance(
+        await parts.pipeline.prepare(request(parts), principal(parts)), InferenceRequest
+    )
 
 
 async def test_the_long_prompt_share_gauge_decays_when_traffic_stops(parts: Parts) -> None:
     long_prompt = "word " * 6_000
-    await parts.gate.prepare(request(parts, prompt=long_prompt), principal(parts))
+    await parts.pipeline.prepare(request(parts, prompt=long_prompt), principal(parts))
     assert REGISTRY.get_sample_value("seawall_ingress_long_prompt_share") == 1.0
     parts.clock.advance(400.0)  # past the 300 s window, no prompt since
     assert REGISTRY.get_sample_value("seawall_ingress_long_prompt_share") == 0.0
@@ -188,11 +191,11 @@ async def test_the_long_prompt_share_gauge_decays_when_traffic_stops(parts: Part
 
 async def test_arrivals_are_counted_per_region_refused_or_not(parts: Parts) -> None:
     eu = ClientMeta(client_ip="203.0.113.7")
-    await parts.gate.prepare(request(parts, client=eu), principal(parts))
-    await parts.gate.prepare(request(parts, client=eu, model="gpt-9"), principal(parts))
-    await parts.gate.prepare(request(parts), principal(parts))  # no known region: not counted
+    await parts.pipeline.prepare(request(parts, client=eu), principal(parts))
+    await parts.pipeline.prepare(request(parts, client=eu, model="gpt-9"), principal(parts))
+    await parts.pipeline.prepare(request(parts), principal(parts))  # no known region: not counted
     parts.clock.advance(2.0)
-    report = parts.gate.arrivals.take("i1")
+    report = parts.pipeline.arrivals.take("i1")
     assert report is not None
     assert (report.instance, report.counts, report.window_s) == ("i1", {"eu-west": 2}, 2.0)
-    assert parts.gate.arrivals.take("i1") is None  # a new interval, nothing in it
+    assert parts.pipeline.arrivals.take("i1") is None  # a new interval, nothing in it

@@ -1,0 +1,137 @@
+"""The OpenAI routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON
+or server-sent events).
+
+A request goes through the pipeline (``pipeline.py``) onto its priority topic, and the
+handler waits on this instance's reply topic for its answer (``answers.py``). It never
+talks to a GPU. Every response carries ``X-Request-Id``; a key in its grace period adds
+``Deprecation`` and ``Sunset``. Status mapping: see ``openai.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import anyio
+from fastapi import Request
+from fastapi.responses import Response
+
+from schemas import ClientMeta
+from services.ingress import metrics as m
+from services.ingress import openai as oai
+from services.ingress.admit import Admitted, admit_body, bearer, source_of
+from services.ingress.answers import SseResponse, Waiter, json_reply, stream_reply
+from services.ingress.errors import refused
+from services.ingress.filters.body import check_declared_length
+from services.ingress.front import front_of
+from services.ingress.pipeline import IngressPipeline
+from services.ingress.refusals import Refusal, body_too_large, invalid
+
+TIMEOUT_HEADER = "x-seawall-timeout"
+SESSION_HEADER = "x-session-id"
+
+
+def _timeout_header(value: str | None) -> float | Refusal | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        return invalid("invalid_timeout", "X-Seawall-Timeout must be positive seconds.", "timeout")
+    return seconds
+
+
+async def chat_completions(request: Request) -> Response:
+    return await infer(request, chat=True)
+
+
+async def completions(request: Request) -> Response:
+    return await infer(request, chat=False)
+
+
+# -- admission to the bus ------------------------------------------------------
+async def read_body(request: Request) -> bytes | Refusal:
+    limit = front_of(request).settings.max_body_bytes
+    declared = check_declared_length(request.headers.get("content-length"), limit)
+    if declared.reason == "bad_content_length":
+        return invalid("bad_content_length", "The Content-Length header is malformed.")
+    if declared.reason is not None:
+        return body_too_large(limit)
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        too_large = IngressPipeline.check_size(body, limit)
+        if too_large is not None:
+            return too_large
+    return bytes(body)
+
+
+async def admit(request: Request, chat: bool, request_id: str) -> Admitted | Refusal:
+    front = front_of(request)
+    pipeline, settings = front.pipeline, front.settings
+    body = await read_body(request)
+    if isinstance(body, Refusal):
+        return body
+    user_agent = request.headers.get("user-agent")
+    refusal = pipeline.check_user_agent(user_agent)
+    if refusal is not None:
+        return refusal
+    source = source_of(request, settings.trusted_proxies)
+    principal = await pipeline.authenticate(
+        bearer(request.headers.get("authorization")), source=source
+    )
+    if isinstance(principal, Refusal):
+        return principal
+    parsed: oai.Body | Refusal = (
+        oai.parse_body(body, oai.ChatBody) if chat else oai.parse_body(body, oai.CompletionBody)
+    )
+    if isinstance(parsed, Refusal):
+        return parsed
+    timeout = _timeout_header(request.headers.get(TIMEOUT_HEADER))
+    if isinstance(timeout, Refusal):
+        return timeout
+    return await admit_body(
+        pipeline,
+        parsed,
+        principal,
+        request_id=request_id,
+        reply_to=front.router.topic,
+        timeout_s=timeout,
+        session_id=request.headers.get(SESSION_HEADER) or parsed.user,
+        client=ClientMeta(user_agent=(user_agent or "")[:512], client_ip=source),
+        clock=front.clock,
+    )
+
+
+async def infer(request: Request, *, chat: bool) -> Response:
+    front = front_of(request)
+    pipeline, router = front.pipeline, front.router
+    endpoint = "chat" if chat else "completions"
+    request_id = uuid.uuid4().hex
+    headers = {"X-Request-Id": request_id}
+    admitted = await admit(request, chat, request_id)
+    if isinstance(admitted, Refusal):
+        return refused(endpoint, admitted, headers)
+    headers |= admitted.principal.deprecation_headers
+    req = admitted.request
+    stream = router.register(request_id)  # before publishing: the reply may be quick
+    try:
+        await (await pipeline.publish(req))
+    except BaseException:
+        router.unregister(request_id)
+        raise
+    m.REQUESTS.labels("http", "published").inc()
+    waiter = Waiter(pipeline, router, stream, req, front.clock)
+    handed_over = False
+    try:
+        if not req.stream:
+            return await json_reply(endpoint, request, waiter, admitted.shape, headers)
+        response = await stream_reply(endpoint, request, waiter, admitted.shape, headers)
+        handed_over = isinstance(response, SseResponse)  # it closes the waiter
+        return response
+    finally:
+        if not handed_over:
+            with anyio.CancelScope(shield=True):
+                await waiter.close()
