@@ -12,7 +12,7 @@ the other benchmarks measure):
   fetches it when its batch limit allows.
 - Redis: the quota buckets are ``bucket.decide`` and ``bucket.adjust``, the pure model
   ``bucket.lua`` runs bit for bit, on the virtual clock.
-- faust: one ``PoolEngine`` per pool gets every telemetry record and a ``tick`` every
+- faust: one ``PoolDecider`` per pool gets every telemetry record and a ``tick`` every
   ``tick_s``; its events are applied by ``seq`` to a ``ControlState``.
 - a worker host's CPU is not simulated: heartbeats report a constant ``HOST_CPU_PCT``.
 
@@ -63,6 +63,7 @@ from schemas import (
 )
 from services.admission.bucket import BucketState, Dimension, adjust, decide
 from services.admission.capacity import FleetCapacity, Placement
+from services.admission.dispatcher import SWEEP_INTERVAL_S
 from services.admission.dispatching import Lane, Queued, forecasts, pick
 from services.admission.policy import (
     NO_FORECASTS,
@@ -74,11 +75,10 @@ from services.admission.policy import (
     worker_share,
 )
 from services.admission.scheduler import PriorityScheduler
-from services.admission.service import SWEEP_INTERVAL_S
 from services.admission.settings import AdmissionSettings
 from services.common.control import ControlState
 from services.common.tokenizer import count_tokens
-from services.controller.engine import Output, PoolEngine
+from services.controller.decider.pool import Output, PoolDecider
 from services.controller.settings import ControllerSettings
 from services.workers.dispatches import ENGINE_PRIORITY, degraded_reason, max_output_tokens
 from services.workers.engine.base import FinishReason
@@ -310,8 +310,8 @@ class SeawallRun:
         self._round_due = False
         self._last_sweep = 0.0
         # the controller
-        self.engine_config = harness.controller_settings().engine_config()
-        self.pool_engines: dict[str, PoolEngine] = {}
+        self.decider_config = harness.controller_settings().decider_config()
+        self.deciders: dict[str, PoolDecider] = {}
         # the workers
         self.workers: dict[str, _Worker] = {}
         self.partitions: dict[str, list[_Worker]] = {p: [] for p in POOLS}
@@ -514,10 +514,10 @@ class SeawallRun:
     def _observe(self, event: TelemetryEvent) -> None:
         # the controller (its decide agent) ...
         now = self.clock.time()
-        engine = self.pool_engines.get(event.pool)
-        if engine is None:
-            engine = self.pool_engines[event.pool] = PoolEngine(event.pool, self.engine_config, now)
-        self._publish(engine.observe(event, now))
+        decider = self.deciders.get(event.pool)
+        if decider is None:
+            decider = self.deciders[event.pool] = PoolDecider(event.pool, self.decider_config, now)
+        self._publish(decider.observe(event, now))
         # ... and admission (its telemetry loop)
         self.capacity.observe(event, self.clock.monotonic())
         self._wake()
@@ -538,8 +538,8 @@ class SeawallRun:
     # -- the controller ------------------------------------------------------------------
     def _tick(self) -> None:
         now = self.clock.time()
-        for engine in list(self.pool_engines.values()):
-            self._publish(engine.tick(now))
+        for decider in list(self.deciders.values()):
+            self._publish(decider.tick(now))
 
     def _publish(self, output: Output) -> None:
         for event in output.changes:

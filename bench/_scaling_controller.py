@@ -105,7 +105,7 @@ from seawall_client.kafka import ensure_topics
 from seawall_client.serde import CONTROL, TELEMETRY, DecodeError, decode, encode
 from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.settings import CommonSettings
-from services.controller.engine import PoolEngine
+from services.controller.decider.pool import PoolDecider
 from services.controller.settings import ControllerSettings
 
 SCALES = (100, 1_000, 5_000)
@@ -388,16 +388,16 @@ def record_cost(workers: int) -> dict[str, float]:
     """What the controller writes to its changelog for a pool of ``workers`` workers: the
     records of every scope (measured in this process, without load)."""
     now = time.time()
-    engine = PoolEngine("bench-pool", ControllerSettings(_env_file=None).engine_config(), now)
+    decider = PoolDecider("bench-pool", ControllerSettings(_env_file=None).decider_config(), now)
     stamp = repr(now).encode()
     first_sight = 0
     for i in range(workers):
         report, _ = SyntheticWorker(i, ("bench-pool",), PARTITIONS, 0.0).round(stamp, 0.0)
-        engine.observe(decode(TELEMETRY, report), now)
-        changed = engine.take_records()
+        decider.observe(decode(TELEMETRY, report), now)
+        changed = decider.take_records()
         first_sight += sum(len(encode(r)) for r in changed.workers.values() if r is not None)
         first_sight += len(encode(changed.pool)) if changed.pool is not None else 0
-    records = engine.records()
+    records = decider.records()
     assert records.pool is not None
     worker = next(r for r in records.workers.values() if r is not None)
     rounds, started = 50, time.perf_counter()

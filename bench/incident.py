@@ -87,7 +87,7 @@ def uncontrolled_growth(s: Scenario) -> dict[str, Any]:
 
 
 def policy_windows(h: Harness) -> dict[str, Any]:
-    c = h.controller_settings().engine_config()
+    c = h.controller_settings().decider_config()
     rows = {
         "breaker.latency_p99_ms": c.breaker.latency_p99_ms,
         "breaker.error_rate": c.breaker.error_rate,

@@ -412,10 +412,10 @@ def replay(
     try:
         changes = rp.overrides(_pairs(set_, "--set", "NAME=VALUE"), ControllerSettings.model_fields)
         changed = ControllerSettings.model_validate({**base.model_dump(), **changes})
-        config = changed.engine_config()
+        config = changed.decider_config()
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    before = rp.replay(run, base.engine_config(), base.controller_tick_s)
+    before = rp.replay(run, base.decider_config(), base.controller_tick_s)
     after = rp.replay(run, config, changed.controller_tick_s)
     live = rp.live_decisions(run)
     same = rp.matches_live(before, live)

@@ -1,11 +1,11 @@
 """What-if replay: a recording's telemetry through the controller's core, with some
 settings changed, and the decisions that would have differed.
 
-The core is the live controller's own (``services.controller.engine.PoolEngine``, one
-per pool, with the ``EngineConfig`` that ``ControllerSettings`` builds): replay feeds
-each telemetry record at the time the broker stamped it, lets the engine react as the
-live controller does after telemetry, and ticks every ``controller_tick_s`` between
-records. Nothing is random, so the same recording and settings give the same decisions.
+The core is the live controller's own (``services.controller.decider.pool.PoolDecider``,
+one per pool, with the ``DeciderConfig`` that ``ControllerSettings`` builds): replay
+feeds each telemetry record at the time the broker stamped it, lets the decider react
+as the live controller does after telemetry, and ticks every ``controller_tick_s``
+between records. Nothing is random, so the same recording and settings give the same decisions.
 
 ``compare`` sets two decision timelines side by side (per control key, the state in
 force over time) and lists where they part: when, which key, the state in one → in the
@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from schemas import BatchLimit, BreakerState, ControlEvent, DegradationLevel, Evidence
 from seawall.events import describe
 from seawall.recording import Recording
-from services.controller.engine import EngineConfig, Output, PoolEngine
+from services.controller.decider.config import DeciderConfig
+from services.controller.decider.pool import Output, PoolDecider
 
 DECIDED_KINDS = (BreakerState, DegradationLevel, BatchLimit)
-"""What the pool engines decide (the canary, hotspot and operators' events are not)."""
+"""What the pool deciders decide (the canary, hotspot and operators' events are not)."""
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,9 @@ def _decided(t: float, event: ControlEvent) -> Decided:
     return Decided(t, event.control_key, describe(event), event.evidence)
 
 
-def replay(recording: Recording, config: EngineConfig, tick_s: float) -> list[Decided]:
-    """Every decision (change, not re-publication) the engines make on the recording."""
-    engines: dict[str, PoolEngine] = {}
+def replay(recording: Recording, config: DeciderConfig, tick_s: float) -> list[Decided]:
+    """Every decision (change, not re-publication) the deciders make on the recording."""
+    deciders: dict[str, PoolDecider] = {}
     out: list[Decided] = []
 
     def collect(t: float, output: Output) -> None:
@@ -67,15 +68,15 @@ def replay(recording: Recording, config: EngineConfig, tick_s: float) -> list[De
     next_tick = telemetry[0].t + tick_s
     for entry in telemetry:
         while next_tick <= entry.t:
-            for engine in engines.values():
-                collect(next_tick, engine.tick(next_tick))
+            for decider in deciders.values():
+                collect(next_tick, decider.tick(next_tick))
             next_tick += tick_s
         event = entry.value
         pool: str = getattr(event, "pool")  # noqa: B009  (every telemetry record names it)
-        if pool not in engines:
-            engines[pool] = PoolEngine(pool, config, entry.t)
-        collect(entry.t, engines[pool].observe(event, entry.t))  # type: ignore[arg-type]
-        collect(entry.t, engines[pool].react(entry.t))
+        if pool not in deciders:
+            deciders[pool] = PoolDecider(pool, config, entry.t)
+        collect(entry.t, deciders[pool].observe(event, entry.t))  # type: ignore[arg-type]
+        collect(entry.t, deciders[pool].react(entry.t))
     return out
 
 

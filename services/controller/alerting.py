@@ -1,5 +1,5 @@
 """What in a pool's state deserves an alert (``policy.alerts.Condition``), read from its
-``PoolEngine`` at every full tick. Pure: no I/O, no clock.
+``PoolDecider`` at every full tick. Pure: no I/O, no clock.
 
 - ``breaker_open``: a breaker not closed, or closed but acting (level ≥ rate limit);
   critical for a pool refusing new work, a warning otherwise. A worker whose heartbeat
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from schemas import BreakerLevel, Evidence
 from schemas.alerts import AlertRule
-from services.controller.engine import PoolEngine
+from services.controller.decider.pool import PoolDecider
 from services.controller.policy import Circuit
 from services.controller.policy.alerts import Condition
 
@@ -29,14 +29,14 @@ STATIC_FALLBACK_LEVEL = 3
 """The ladder's rung at which requests get the static fallback (DESIGN)."""
 
 
-def _evidence(engine: PoolEngine, key: str, fallback: str) -> Evidence:
-    event = engine.in_force.get(key)
+def _evidence(decider: PoolDecider, key: str, fallback: str) -> Evidence:
+    event = decider.in_force.get(key)
     return event.evidence if event is not None else Evidence(reason=fallback)
 
 
-def conditions(engine: PoolEngine) -> list[Condition]:
-    pool, found = engine.pool, []
-    lost = engine.lost_workers()
+def conditions(decider: PoolDecider) -> list[Condition]:
+    pool, found = decider.pool, []
+    lost = decider.lost_workers()
     for scope in sorted(lost):
         found.append(
             Condition(
@@ -45,10 +45,10 @@ def conditions(engine: PoolEngine) -> list[Condition]:
                 pool,
                 "warning",
                 f"{scope} of pool {pool} is not heard from (heartbeat lost)",
-                _evidence(engine, f"breaker/{scope}", "heartbeat lost"),
+                _evidence(decider, f"breaker/{scope}", "heartbeat lost"),
             )
         )
-    for scope, status in sorted(engine.breakers().items()):
+    for scope, status in sorted(decider.breakers().items()):
         acting = status.circuit is not Circuit.CLOSED or status.level >= BreakerLevel.RATE_LIMIT
         if not acting or scope in lost:
             continue
@@ -58,29 +58,29 @@ def conditions(engine: PoolEngine) -> list[Condition]:
                 "breaker_open",
                 scope,
                 pool,
-                "critical" if scope == engine.scope and refusing else "warning",
+                "critical" if scope == decider.scope and refusing else "warning",
                 f"breaker of {scope} is {status.circuit.value} at level "
                 f"{status.level.name.lower()} ({', '.join(status.tripped) or 'recovering'})",
-                _evidence(engine, f"breaker/{scope}", "breaker acting"),
+                _evidence(decider, f"breaker/{scope}", "breaker acting"),
             )
         )
-    level = engine.degradation.level
+    level = decider.degradation.level
     if level > 0:
         found.append(
             Condition(
                 "degradation",
-                engine.scope,
+                decider.scope,
                 pool,
                 "critical" if level >= STATIC_FALLBACK_LEVEL else "warning",
                 f"pool {pool} is degraded to level {level} "
-                f"({', '.join(engine.degradation.triggered) or 'holding'})",
-                _evidence(engine, f"degradation/{engine.scope}", "degraded"),
+                f"({', '.join(decider.degradation.triggered) or 'holding'})",
+                _evidence(decider, f"degradation/{decider.scope}", "degraded"),
             )
         )
     shares: tuple[tuple[AlertRule, Evidence | None, str, str, str], ...] = (
-        ("long_prompt_share", engine.long_prompts, "long_prompt_share", "of its prompts",
+        ("long_prompt_share", decider.long_prompts, "long_prompt_share", "of its prompts",
          f"long prompts are over their share in pool {pool}"),
-        ("output_inconsistency", engine.output_mismatches, "output_mismatch_rate",
+        ("output_inconsistency", decider.output_mismatches, "output_mismatch_rate",
          "of its shadow runs", f"outputs of pool {pool} are not reproduced by their shadow runs"),
     )  # fmt: skip
     for rule, evidence, metric, of_what, summary in shares:
@@ -88,5 +88,5 @@ def conditions(engine: PoolEngine) -> list[Condition]:
             continue
         share = evidence.metrics.get(metric)
         shown = "" if share is None else f" ({share:.0%} {of_what})"
-        found.append(Condition(rule, engine.scope, pool, "warning", summary + shown, evidence))
+        found.append(Condition(rule, decider.scope, pool, "warning", summary + shown, evidence))
     return found

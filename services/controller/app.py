@@ -9,11 +9,11 @@ same partition of every topic with as many partitions to the same instance
 (co-partitioning), so ``route`` decides such a record itself. Any other record (another
 producer's key, or a telemetry topic with another partition count) is forwarded to the
 app's internal topic ``<app id>-telemetry-by-pool``, keyed by pool, where the ``decide``
-agent reads it. Deciding feeds the record to that pool's ``PoolEngine``; a timer task
+agent reads it. Deciding feeds the record to that pool's ``PoolDecider``; a timer task
 evaluates every owned pool each ``controller_tick_s`` (holds advance and heartbeat loss
 shows without telemetry) and re-publishes the decisions in force; a pool that got
 telemetry is evaluated — the pool and the workers that sent it, not the whole pool
-(``PoolEngine.react``) — as soon as the timer task is free (it rests
+(``PoolDecider.react``) — as soon as the timer task is free (it rests
 ``controller_react_s`` between evaluations, or ``EVALUATION_REST`` times as long as the
 last one took), so a threshold crossed is decided within one broker hop and that rest,
 not at the next tick. Control events go to
@@ -68,7 +68,8 @@ from services.common.lifecycle import Component, cancel_tasks, wait_set
 from services.controller import metrics as m
 from services.controller.alerting import conditions
 from services.controller.canaries import CanaryReleases
-from services.controller.engine import Output, PoolEngine, PoolRecord, WorkerRecord
+from services.controller.decider.pool import Output, PoolDecider
+from services.controller.decider.records import PoolRecord, WorkerRecord
 from services.controller.notify import Email, Notifiers, Sender, SmtpConfig, Webhook
 from services.controller.outbox import Outbox
 from services.controller.policy.alerts import AlertBook, Reconciled
@@ -185,8 +186,8 @@ class Controller(Component):
         self.settings = settings
         self.clock = clock
         self.topics = topics_of(settings)
-        self.config = settings.engine_config()
-        self.engines: dict[str, PoolEngine] = {}
+        self.config = settings.decider_config()
+        self.deciders: dict[str, PoolDecider] = {}
         """The pools this instance owns now."""
         self._lock = asyncio.Lock()
         self._exporter = m.StateExporter(worker_signals=settings.controller_worker_signals)
@@ -337,9 +338,9 @@ class Controller(Component):
         try:
             async with self._lock:
                 now = self.clock.time()
-                engine = self._engine(telemetry.pool, now)
-                output = engine.observe(telemetry, now)
-                await self._publish(engine, output)
+                decider = self._decider(telemetry.pool, now)
+                output = decider.observe(telemetry, now)
+                await self._publish(decider, output)
                 self._touched.add(telemetry.pool)
                 self._telemetry_seen.set()
         except Exception as e:
@@ -401,19 +402,19 @@ class Controller(Component):
         started = time.monotonic()
         async with self._lock:
             self._adopt_owned_pools(self.clock.time())
-        await self._evaluate(list(self.engines), full=True)
+        await self._evaluate(list(self.deciders), full=True)
         async with self._lock:
             now = self.clock.time()
-            splits = self.canaries.evaluate(self.control, self.engines, self.owns_pool, now)
-            found = [c for engine in self.engines.values() for c in conditions(engine)]
+            splits = self.canaries.evaluate(self.control, self.deciders, self.owns_pool, now)
+            found = [c for decider in self.deciders.values() for c in conditions(decider)]
             found += self.regions.conditions()
             found += self.canaries.conditions()
             fleet = self.owns_fleet()
             alerts = self._alerts.reconcile(
-                found, now, owned=lambda pool: pool in self.engines if pool else fleet
+                found, now, owned=lambda pool: pool in self.deciders if pool else fleet
             )
             notes = self._alerts.due(now)
-            self._exporter.export(self.engines.values(), self._alerts.active())
+            self._exporter.export(self.deciders.values(), self._alerts.active())
         await self._send(splits)
         await self._send_alerts(alerts)
         self._notifiers.submit(notes)
@@ -421,7 +422,7 @@ class Controller(Component):
 
     async def evaluate(self, pools: Iterable[str]) -> None:
         """React in these pools, those of them this instance owns: each pool and its
-        workers that sent telemetry (``PoolEngine.react``)."""
+        workers that sent telemetry (``PoolDecider.react``)."""
         await self._evaluate(pools, full=False)
 
     async def _evaluate(self, pools: Iterable[str], *, full: bool) -> None:
@@ -429,12 +430,12 @@ class Controller(Component):
         two pools rather than waiting for all of them."""
         for pool in pools:
             async with self._lock:
-                engine = self.engines.get(pool)  # it may have moved meanwhile
-                if engine is None:
+                decider = self.deciders.get(pool)  # it may have moved meanwhile
+                if decider is None:
                     continue
                 now = self.clock.time()
-                output = engine.tick(now) if full else engine.react(now)
-                await self._publish(engine, output)
+                output = decider.tick(now) if full else decider.react(now)
+                await self._publish(decider, output)
             m.count_output(None, output)
 
     # -- pools -----------------------------------------------------------------
@@ -468,20 +469,20 @@ class Controller(Component):
 
     def _adopt_owned_pools(self, now: float) -> None:
         owned = self._owned_partitions()
-        for pool in [p for p in self.engines if self._partition(p) not in owned]:
+        for pool in [p for p in self.deciders if self._partition(p) not in owned]:
             log.info("pool moved to another controller instance", extra={"pool": pool})
-            del self.engines[pool]
+            del self.deciders[pool]
         for key in list(self._decisions):
             if KEY_SEPARATOR in key:
                 continue  # a worker's record: restored with its pool's
             pool = key.decode()
-            if pool not in self.engines and self._partition(pool) in owned:
-                self._engine(pool, now)
+            if pool not in self.deciders and self._partition(pool) in owned:
+                self._decider(pool, now)
 
-    def _engine(self, pool: str, now: float) -> PoolEngine:
-        engine = self.engines.get(pool)
-        if engine is not None:
-            return engine
+    def _decider(self, pool: str, now: float) -> PoolDecider:
+        decider = self.deciders.get(pool)
+        if decider is not None:
+            return decider
         record = self._restored(PoolRecord, pool_key(pool))
         workers: list[WorkerRecord] = []
         if record is not None:
@@ -490,12 +491,12 @@ class Controller(Component):
                 worker = self._restored(WorkerRecord, key)
                 if worker is not None:
                     workers.append(worker)
-        engine = self.engines[pool] = PoolEngine(pool, self.config, now, record, workers)
+        decider = self.deciders[pool] = PoolDecider(pool, self.config, now, record, workers)
         log.info(
             "pool restored" if record is not None else "pool first seen",
-            extra={"pool": pool, "workers": len(workers), "decisions": len(engine.in_force)},
+            extra={"pool": pool, "workers": len(workers), "decisions": len(decider.in_force)},
         )
-        return engine
+        return decider
 
     def _restored(self, kind: type[R], key: bytes) -> R | None:
         """The record under ``key``, if there is one and it can be read (one that cannot
@@ -512,12 +513,12 @@ class Controller(Component):
             )
             return None
 
-    async def _publish(self, engine: PoolEngine, output: Output) -> None:
-        records = engine.take_records()
+    async def _publish(self, decider: PoolDecider, output: Output) -> None:
+        records = decider.take_records()
         if records.pool is not None:
-            self._decisions[pool_key(engine.pool)] = encode(records.pool)
+            self._decisions[pool_key(decider.pool)] = encode(records.pool)
         for worker_id, worker in records.workers.items():
-            key = worker_key(engine.pool, worker_id)
+            key = worker_key(decider.pool, worker_id)
             if worker is not None:
                 self._decisions[key] = encode(worker)
             elif key in self._decisions:

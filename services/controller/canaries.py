@@ -2,7 +2,7 @@
 
 An operator's ``CanaryRelease`` (``seawall canary``) reaches every controller instance
 on the control topic; the instance that owns the pool runs the release. Each tick it
-measures the two arms — the pool's engine and the canary pool's
+measures the two arms — the pool's decider and the canary pool's
 (``<pool>.canary-<version>``, partitioned with its base pool so that one instance holds
 both) — lets ``CanaryJudge`` decide, and publishes the pool's ``TrafficSplit``: on each
 change with the evidence, and re-published while the command is in force
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from schemas import CanaryRelease, Evidence, TrafficSplit
 from seawall_client.topics import canary_pool
 from services.common.control import ControlState
-from services.controller.engine import PoolEngine, republished, wire_evidence
+from services.controller.decider.evidence import republished, wire_evidence
+from services.controller.decider.pool import PoolDecider
 from services.controller.policy.alerts import Condition
 from services.controller.policy.canary import Arm, CanaryConfig, CanaryJudge, CanaryStatus
 from services.controller.policy.canary import started as canary_started
@@ -95,7 +96,7 @@ class CanaryReleases:
     def evaluate(
         self,
         control: ControlState,
-        engines: Mapping[str, PoolEngine],
+        deciders: Mapping[str, PoolDecider],
         owned: Callable[[str], bool],
         now: float,
     ) -> list[TrafficSplit]:
@@ -119,8 +120,8 @@ class CanaryReleases:
                 decision = run.judge.command(run.status, command.action, now)
             if decision is None:
                 window = command.hold_s
-                baseline = self._arm(engines, pool, now, window)
-                canary = self._arm(engines, canary_pool(pool, command.version), now, window)
+                baseline = self._arm(deciders, pool, now, window)
+                canary = self._arm(deciders, canary_pool(pool, command.version), now, window)
                 run.status, decision = run.judge.evaluate(run.status, baseline, canary, now)
             if decision is not None:
                 out.append(self._issue(run, decision, now))
@@ -146,9 +147,9 @@ class CanaryReleases:
 
     # -- internals -----------------------------------------------------------------
     @staticmethod
-    def _arm(engines: Mapping[str, PoolEngine], pool: str, now: float, window: float) -> Arm:
-        engine = engines.get(pool)
-        return Arm() if engine is None else engine.arm(now, window)
+    def _arm(deciders: Mapping[str, PoolDecider], pool: str, now: float, window: float) -> Arm:
+        decider = deciders.get(pool)
+        return Arm() if decider is None else decider.arm(now, window)
 
     def _begin(
         self, command: CanaryRelease, last: TrafficSplit | None, now: float

@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from schemas import Alert
-from services.controller.engine import Output, PoolEngine
+from services.controller.decider.pool import Output, PoolDecider
 from services.controller.policy import Circuit
 
 CIRCUIT_VALUES = {Circuit.CLOSED: 0, Circuit.HALF_OPEN: 1, Circuit.OPEN: 2}
@@ -111,7 +111,7 @@ def count_output(telemetry_type: str | None, output: Output) -> None:
 
 
 class StateExporter:
-    """Takes the engines' states as a snapshot for ``STATE`` to render; the workers'
+    """Takes the deciders' states as a snapshot for ``STATE`` to render; the workers'
     own policy inputs only with ``worker_signals`` (``controller_worker_signals``)."""
 
     def __init__(self, *, worker_signals: bool = False) -> None:
@@ -119,7 +119,7 @@ class StateExporter:
         self._worker_signals = worker_signals
         STATE.exporters.add(self)
 
-    def export(self, engines: Iterable[PoolEngine], alerts: Iterable[Alert] = ()) -> None:
+    def export(self, deciders: Iterable[PoolDecider], alerts: Iterable[Alert] = ()) -> None:
         snapshot: Snapshot = {name: [] for name in STATE_FAMILIES}
         breaker_state = snapshot["seawall_controller_breaker_state"]
         breaker_level = snapshot["seawall_controller_breaker_level"]
@@ -128,21 +128,21 @@ class StateExporter:
         ewmas = snapshot["seawall_controller_batch_latency_ewma_ms"]
         signals = snapshot["seawall_controller_signal"]
         pools = 0
-        for engine in engines:
+        for decider in deciders:
             pools += 1
-            for scope, status in engine.breakers().items():
+            for scope, status in decider.breakers().items():
                 breaker_state.append(((scope,), CIRCUIT_VALUES[status.circuit]))
                 breaker_level.append(((scope,), int(status.level)))
                 tripped.extend(((scope, cause), 1) for cause in status.tripped)
             snapshot["seawall_controller_degradation_level"].append(
-                ((engine.scope,), engine.degradation.level)
+                ((decider.scope,), decider.degradation.level)
             )
-            for worker, (limit, ewma) in engine.batch_limits().items():
+            for worker, (limit, ewma) in decider.batch_limits().items():
                 limits.append(((worker,), limit))
                 if ewma is not None:
                     ewmas.append(((worker,), ewma))
-            for scope, inputs in engine.inputs.items():
-                if scope == engine.scope or self._worker_signals:
+            for scope, inputs in decider.inputs.items():
+                if scope == decider.scope or self._worker_signals:
                     signals.extend(((scope, signal), value) for signal, value in inputs.items())
         snapshot["seawall_controller_alert_active"] = [
             ((a.rule, a.scope, a.pool or "", a.severity), 1) for a in alerts

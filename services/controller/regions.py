@@ -31,7 +31,7 @@ from services.common.consuming import ConsumerLoop, Record
 from services.common.control import ControlState
 from services.common.deadletters import failure_of
 from services.common.lifecycle import Component
-from services.controller.engine import republished, wire_evidence
+from services.controller.decider.evidence import republished, wire_evidence
 from services.controller.policy.alerts import Condition
 from services.controller.policy.decision import Decision
 from services.controller.policy.hotspots import HotspotDetector, Throttle

@@ -14,7 +14,7 @@ from typing import Literal, Self
 from pydantic import Field, SecretStr, model_validator
 
 from services.common.settings import CommonSettings
-from services.controller.engine import EngineConfig, scaled_config
+from services.controller.decider.config import DeciderConfig, scaled_config
 from services.controller.policy.alerts import AlertConfig
 from services.controller.policy.hotspots import HotspotConfig
 
@@ -101,7 +101,7 @@ class ControllerSettings(CommonSettings):
 
     @model_validator(mode="after")
     def _consistent_policy(self) -> Self:
-        self.engine_config()  # raises ValueError, e.g. if decisions would expire between
+        self.decider_config()  # raises ValueError, e.g. if decisions would expire between
         self.alert_config()  # two re-publications
         if self.alert_smtp_host and not self.alert_email_recipients:
             raise ValueError("SEAWALL_ALERT_SMTP_HOST needs SEAWALL_ALERT_EMAIL_TO")
@@ -129,7 +129,7 @@ class ControllerSettings(CommonSettings):
         carries the topic prefix so that stacks sharing a broker never meet."""
         return f"{self.topic_prefix}seawall-controller"
 
-    def engine_config(self) -> EngineConfig:
+    def decider_config(self) -> DeciderConfig:
         return scaled_config(
             self.controller_time_scale,
             batch_sla_ms=self.controller_batch_sla_ms,

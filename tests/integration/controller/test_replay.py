@@ -62,8 +62,8 @@ async def test_a_recorded_run_replays_to_the_same_decisions_and_differs_where_ch
     config = ControllerSettings(**{**settings.model_dump(), **CONTROLLER})
     live = live_decisions(run)
     assert any(d.key == "breaker/pool:main" and d.state.startswith("open") for d in live)
-    same = replay(run, config.engine_config(), config.controller_tick_s)
-    assert same == replay(run, config.engine_config(), config.controller_tick_s)  # determinism
+    same = replay(run, config.decider_config(), config.controller_tick_s)
+    assert same == replay(run, config.decider_config(), config.controller_tick_s)  # determinism
     reproduced = matches_live(same, live)
     assert reproduced["breaker/pool:main"]
     assert reproduced["breaker/worker:w1"]
@@ -72,7 +72,7 @@ async def test_a_recorded_run_replays_to_the_same_decisions_and_differs_where_ch
     lower = config.model_copy(
         update={"controller_latency_trip_ms": 5.0, "controller_latency_recover_ms": 2.0}
     )
-    changed = replay(run, lower.engine_config(), lower.controller_tick_s)
+    changed = replay(run, lower.decider_config(), lower.controller_tick_s)
     differences = compare(same, changed)
     assert differences
     assert {d.key.split("/")[0] for d in differences} <= {"breaker", "degradation", "batch_limit"}

@@ -6,17 +6,17 @@ import pytest
 
 from schemas import BreakerState, WorkerReport
 from services.controller.alerting import conditions
-from services.controller.engine import EngineConfig
+from services.controller.decider.config import DeciderConfig
 from services.controller.policy import HeartbeatConfig
 from services.workers.summary import RequestSummarizer
-from tests.unit.controller.test_engine import T0, Fleet, gpu, heartbeat
+from tests.unit.controller.decider.test_pool import T0, Fleet, gpu, heartbeat
 
 pytestmark = pytest.mark.unit
 
 
 def rules(fleet: Fleet) -> dict[tuple[str, str], str]:
     """(rule, scope) → severity."""
-    return {(c.rule, c.scope): c.severity for c in conditions(fleet.engine)}
+    return {(c.rule, c.scope): c.severity for c in conditions(fleet.decider)}
 
 
 def test_a_healthy_pool_raises_nothing() -> None:
@@ -24,7 +24,7 @@ def test_a_healthy_pool_raises_nothing() -> None:
     fleet.feed(heartbeat("w1", T0))
     fleet.serve("w1", 40)
     fleet.tick()
-    assert conditions(fleet.engine) == []
+    assert conditions(fleet.decider) == []
 
 
 def test_tripped_breakers_and_the_ladder_raise_alerts_with_their_decisions_evidence() -> None:
@@ -37,8 +37,8 @@ def test_tripped_breakers_and_the_ladder_raise_alerts_with_their_decisions_evide
         ("breaker_open", "pool:main"): "critical",  # the pool refuses new work
         ("degradation", "pool:main"): "warning",  # level 2
     }
-    pool = next(c for c in conditions(fleet.engine) if c.scope == "pool:main")
-    in_force = fleet.engine.in_force["breaker/pool:main"]
+    pool = next(c for c in conditions(fleet.decider) if c.scope == "pool:main")
+    in_force = fleet.decider.in_force["breaker/pool:main"]
     assert isinstance(in_force, BreakerState)
     assert pool.evidence == in_force.evidence
     assert pool.evidence.metrics["error_rate"] == pytest.approx(0.5)
@@ -47,13 +47,13 @@ def test_tripped_breakers_and_the_ladder_raise_alerts_with_their_decisions_evide
 
 
 def test_a_lost_worker_is_one_heartbeat_alert_not_also_a_breaker_alert() -> None:
-    fleet = Fleet(EngineConfig(heartbeat=HeartbeatConfig(timeout_s=10.0)))
+    fleet = Fleet(DeciderConfig(heartbeat=HeartbeatConfig(timeout_s=10.0)))
     fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0))
     fleet.tick(advance=5.0)
     fleet.feed(heartbeat("w2", fleet.now))
     fleet.tick(advance=6.0)
     assert rules(fleet) == {("heartbeat_lost", "worker:w1"): "warning"}
-    (lost,) = conditions(fleet.engine)
+    (lost,) = conditions(fleet.decider)
     assert lost.evidence.metrics["heartbeat_age_s"] == pytest.approx(11.0)
 
 
@@ -82,7 +82,7 @@ def test_the_long_prompt_share_raises_an_alert_that_decays_when_traffic_stops() 
     fleet = Fleet()
     fleet.feed(long_prompt_report(T0, long=10, short=20))
     fleet.tick()
-    (alert,) = conditions(fleet.engine)
+    (alert,) = conditions(fleet.decider)
     assert (alert.rule, alert.scope, alert.severity) == (
         "long_prompt_share",
         "pool:main",
@@ -94,7 +94,7 @@ def test_the_long_prompt_share_raises_an_alert_that_decays_when_traffic_stops() 
     for _ in range(40):  # the workers keep beating, nobody sends prompts
         fleet.feed(heartbeat("w1", fleet.now))
         fleet.tick(advance=10.0)
-    assert conditions(fleet.engine) == []
+    assert conditions(fleet.decider) == []
 
 
 def shadow_report(at: float, checks: int, mismatches: int) -> WorkerReport:
@@ -108,7 +108,7 @@ def test_shadow_runs_that_disagree_raise_an_alert_that_clears_when_they_agree_ag
     fleet = Fleet()
     fleet.feed(shadow_report(T0, checks=12, mismatches=6))
     fleet.tick()
-    (alert,) = conditions(fleet.engine)
+    (alert,) = conditions(fleet.decider)
     assert (alert.rule, alert.scope, alert.severity) == (
         "output_inconsistency",
         "pool:main",
@@ -119,11 +119,11 @@ def test_shadow_runs_that_disagree_raise_an_alert_that_clears_when_they_agree_ag
     for _ in range(40):  # every shadow agrees from now on
         fleet.feed(shadow_report(fleet.now, checks=5, mismatches=0))
         fleet.tick(advance=10.0)
-    assert conditions(fleet.engine) == []
+    assert conditions(fleet.decider) == []
 
 
 def test_shadow_runs_that_agree_raise_nothing() -> None:
     fleet = Fleet()
     fleet.feed(shadow_report(T0, checks=50, mismatches=2))
     fleet.tick()
-    assert conditions(fleet.engine) == []
+    assert conditions(fleet.decider) == []

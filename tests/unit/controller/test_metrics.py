@@ -1,4 +1,4 @@
-"""The controller's gauges mirror the engines' states and drop scopes that went away."""
+"""The controller's gauges mirror the deciders' states and drop scopes that went away."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from schemas import TelemetryEvent
-from services.controller.engine import EngineConfig, PoolEngine
+from services.controller.decider.config import DeciderConfig
+from services.controller.decider.pool import PoolDecider
 from services.controller.metrics import StateExporter
-from tests.unit.controller.test_engine import T0, engine_stats, gpu, heartbeat, report
+from tests.unit.controller.decider.test_pool import T0, engine_stats, gpu, heartbeat, report
 
 pytestmark = pytest.mark.unit
 
@@ -18,7 +19,7 @@ def sample(name: str, **labels: str) -> float | None:
 
 
 def test_states_and_inputs_are_exported_and_ghosts_removed() -> None:
-    engine = PoolEngine("main", EngineConfig(), T0)
+    decider = PoolDecider("main", DeciderConfig(), T0)
     worker = "metrics-w1"
     scope = f"worker:{worker}"
     telemetry: list[TelemetryEvent] = [
@@ -28,12 +29,12 @@ def test_states_and_inputs_are_exported_and_ghosts_removed() -> None:
         report(worker, T0, [100.0] * 30, errors=30),
     ]
     for event in telemetry:
-        engine.observe(event, T0)
-    engine.tick(T0 + 1)
+        decider.observe(event, T0)
+    decider.tick(T0 + 1)
     exporter = StateExporter(worker_signals=True)
-    exporter.export([engine])
+    exporter.export([decider])
 
-    limit, ewma = engine.batch_limits()[worker]
+    limit, ewma = decider.batch_limits()[worker]
     assert sample("seawall_controller_batch_limit", worker=worker) == limit
     assert sample("seawall_controller_batch_latency_ewma_ms", worker=worker) == ewma
     assert sample("seawall_controller_breaker_state", scope=scope) == 2  # open
@@ -46,8 +47,8 @@ def test_states_and_inputs_are_exported_and_ghosts_removed() -> None:
         == 91.0
     )
 
-    engine.observe(heartbeat(worker, T0 + 2, status="stopped"), T0 + 2)
-    exporter.export([engine])
+    decider.observe(heartbeat(worker, T0 + 2, status="stopped"), T0 + 2)
+    exporter.export([decider])
     assert sample("seawall_controller_batch_limit", worker=worker) is None
     assert sample("seawall_controller_breaker_state", scope=scope) is None
     assert sample("seawall_controller_signal", scope=scope, signal="error_rate") is None
@@ -55,11 +56,11 @@ def test_states_and_inputs_are_exported_and_ghosts_removed() -> None:
 
 
 def test_worker_signals_are_exported_only_when_asked_for() -> None:
-    engine = PoolEngine("quiet", EngineConfig(), T0)
-    engine.observe(heartbeat("quiet-w1", T0), T0)
-    engine.tick(T0 + 1)
+    decider = PoolDecider("quiet", DeciderConfig(), T0)
+    decider.observe(heartbeat("quiet-w1", T0), T0)
+    decider.tick(T0 + 1)
     exporter = StateExporter()
-    exporter.export([engine])
+    exporter.export([decider])
     assert sample("seawall_controller_breaker_state", scope="worker:quiet-w1") == 0
     assert (
         sample("seawall_controller_signal", scope="worker:quiet-w1", signal="cpu_percent") is None

@@ -16,7 +16,7 @@ def test_environment_scales_the_policies(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("SEAWALL_CONTROLLER_BATCH_SLA_MS", "250")
     monkeypatch.setenv("SEAWALL_CONTROLLER_SMALL_POOL", "tiny")
     settings = ControllerSettings()
-    config = settings.engine_config()
+    config = settings.decider_config()
     assert settings.app_id == "t1.seawall-controller"  # stacks sharing a broker never meet
     assert config.breaker.latency_p99_ms.recover_hold_s == pytest.approx(30.0)
     assert config.batch.sla_ms == 250.0
@@ -29,12 +29,12 @@ def test_decisions_must_not_expire_between_republications() -> None:
 
 
 def test_the_latency_rows_thresholds_are_the_operators(monkeypatch: pytest.MonkeyPatch) -> None:
-    defaults = ControllerSettings().engine_config().breaker.latency_p99_ms
+    defaults = ControllerSettings().decider_config().breaker.latency_p99_ms
     assert (defaults.trip_above, defaults.recover_below) == (2000.0, 800.0)  # DESIGN's
     monkeypatch.setenv("SEAWALL_CONTROLLER_LATENCY_TRIP_MS", "3000")
     monkeypatch.setenv("SEAWALL_CONTROLLER_LATENCY_RECOVER_MS", "1500")
     monkeypatch.setenv("SEAWALL_CONTROLLER_TIME_SCALE", "0.5")
-    row = ControllerSettings().engine_config().breaker.latency_p99_ms
+    row = ControllerSettings().decider_config().breaker.latency_p99_ms
     assert (row.trip_above, row.recover_below) == (3000.0, 1500.0)
     assert row.recover_hold_s == pytest.approx(defaults.recover_hold_s * 0.5)
     assert row.min_samples == defaults.min_samples

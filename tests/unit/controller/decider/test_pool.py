@@ -1,9 +1,8 @@
-"""The controller's pool engine: telemetry in, control events with evidence out, and
+"""The controller's pool decider: telemetry in, control events with evidence out, and
 what survives a restart."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Literal
 
@@ -21,18 +20,9 @@ from schemas import (
     WorkerHeartbeat,
     WorkerReport,
 )
-from services.controller.engine import (
-    EngineConfig,
-    Output,
-    PoolEngine,
-    PoolRecord,
-    Records,
-    WorkerRecord,
-    memory_headroom_pct,
-    scaled_config,
-    wire_evidence,
-)
-from services.controller.policy import Evidence as PolicyEvidence
+from services.controller.decider.config import DeciderConfig
+from services.controller.decider.pool import Output, PoolDecider, memory_headroom_pct
+from services.controller.decider.records import PoolRecord, Records, WorkerRecord
 from services.controller.policy import HeartbeatConfig
 from services.workers.summary import RequestSummarizer
 
@@ -140,20 +130,20 @@ def of_kind(
 
 
 class Fleet:
-    """One pool engine and a clock; collects every event it emits."""
+    """One pool decider and a clock; collects every event it emits."""
 
     def __init__(
-        self, config: EngineConfig | None = None, records: Records | None = None, now: float = T0
+        self, config: DeciderConfig | None = None, records: Records | None = None, now: float = T0
     ) -> None:
-        self.config = config or EngineConfig()
+        self.config = config or DeciderConfig()
         self.now = now
         saved = records or Records()
         workers = [w for w in saved.workers.values() if w is not None]
-        self.engine = PoolEngine("main", self.config, now, saved.pool, workers)
+        self.decider = PoolDecider("main", self.config, now, saved.pool, workers)
         self.events: list[ControlEvent] = []
 
     def feed(self, *telemetry: object) -> Output:
-        outs = [self.engine.observe(t, self.now) for t in telemetry]  # type: ignore[arg-type]
+        outs = [self.decider.observe(t, self.now) for t in telemetry]  # type: ignore[arg-type]
         changes = tuple(e for out in outs for e in out.changes)
         republished = tuple(e for out in outs for e in out.republished)
         self.events += changes + republished
@@ -161,7 +151,7 @@ class Fleet:
 
     def tick(self, advance: float = 0.0) -> Output:
         self.now += advance
-        out = self.engine.tick(self.now)
+        out = self.decider.tick(self.now)
         self.events += out.events
         return out
 
@@ -199,7 +189,7 @@ def test_a_pool_and_a_worker_get_an_explicit_first_state() -> None:
     assert isinstance(limit, BatchLimit)
     assert (limit.worker_id, limit.limit) == ("w1", 64)  # the worker's 100, within max_num_seqs
     assert limit.evidence.thresholds["max_num_seqs"] == 64
-    records = fleet.engine.take_records()
+    records = fleet.decider.take_records()
     assert records.pool is not None
     assert [e.control_key for e in records.pool.events] == [
         "breaker/pool:main",
@@ -209,17 +199,17 @@ def test_a_pool_and_a_worker_get_an_explicit_first_state() -> None:
     assert worker is not None
     assert (worker.worker_id, worker.max_num_seqs) == ("w1", 64)
     assert {e.control_key for e in worker.events} == {"breaker/worker:w1", "batch_limit/worker:w1"}
-    assert not fleet.engine.take_records()  # nothing changed since
+    assert not fleet.decider.take_records()  # nothing changed since
 
 
 def test_a_change_rewrites_only_the_records_of_the_scopes_it_touched() -> None:
     fleet = Fleet()
     workers = [f"w{i}" for i in range(50)]
     fleet.feed(*(heartbeat(w, T0) for w in workers), *(engine_stats(w, T0) for w in workers))
-    assert len(fleet.engine.take_records().workers) == 50
+    assert len(fleet.decider.take_records().workers) == 50
     fleet.serve("w7", 40, errors=20)  # trips w7's breaker (and the pool's: it is all w7)
     fleet.tick()
-    changed = fleet.engine.take_records()
+    changed = fleet.decider.take_records()
     assert set(changed.workers) == {"w7"}
     w7 = changed.workers["w7"]
     assert w7 is not None
@@ -300,14 +290,14 @@ def test_the_pool_p99_merges_the_workers_sketches() -> None:
     fast, slow = [float(50 + i) for i in range(99)], [float(4_000 + i) for i in range(99)]
     fleet.feed(report("w1", T0 + 1, fast), report("w2", T0 + 1, slow))
     fleet.tick(advance=1.0)
-    p99 = fleet.engine.inputs["pool:main"]["latency_p99_ms"]
+    p99 = fleet.decider.inputs["pool:main"]["latency_p99_ms"]
     assert p99 == pytest.approx(sorted(fast + slow)[round(0.99 * 197)], rel=0.02)
 
 
 def test_probes_reported_together_close_a_half_open_breaker_and_a_failure_among_them_reopens() -> (
     None
 ):
-    config = EngineConfig(heartbeat=HeartbeatConfig(timeout_s=10.0))
+    config = DeciderConfig(heartbeat=HeartbeatConfig(timeout_s=10.0))
     for errors, expected in ((0, "closed"), (1, "open")):
         fleet = Fleet(config)
         fleet.feed(heartbeat("w1", T0))
@@ -322,12 +312,12 @@ def test_probes_reported_together_close_a_half_open_breaker_and_a_failure_among_
 def test_a_report_whose_heartbeat_says_stopped_forgets_the_worker() -> None:
     fleet = Fleet()
     fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0))
-    fleet.engine.take_records()
+    fleet.decider.take_records()
     stopped = report("w1", T0).model_copy(
         update={"heartbeat": heartbeat("w1", T0, status="stopped")}
     )
     fleet.feed(stopped)
-    assert fleet.engine.take_records().workers == {"w1": None}
+    assert fleet.decider.take_records().workers == {"w1": None}
 
 
 def test_preemptions_shrink_the_worker_limit_and_sustained_ones_take_the_pool_to_level_1() -> None:
@@ -358,7 +348,7 @@ def test_preemptions_shrink_the_worker_limit_and_sustained_ones_take_the_pool_to
     # (a window reaches up to one bucket further back than its 60 s)
     assert rung.evidence.metrics["preemptions_per_s"] == pytest.approx(2.0, rel=0.1)
     assert rung.evidence.thresholds["preemptions_per_s"] == 1.0
-    assert fleet.engine.inputs["pool:main"]["kv_cache_usage"] == pytest.approx(0.98, rel=0.01)
+    assert fleet.decider.inputs["pool:main"]["kv_cache_usage"] == pytest.approx(0.98, rel=0.01)
 
 
 def test_an_engine_whose_count_went_down_restarted_and_did_not_preempt() -> None:
@@ -383,7 +373,7 @@ def test_an_over_temperature_gpu_puts_the_pool_on_level_3() -> None:
 
 @pytest.mark.parametrize("host_cpu_breaker", [True, False])
 def test_host_cpu_feeds_the_breaker_only_when_enabled(host_cpu_breaker: bool) -> None:
-    fleet = Fleet(EngineConfig(host_cpu_breaker=host_cpu_breaker))
+    fleet = Fleet(DeciderConfig(host_cpu_breaker=host_cpu_breaker))
     for _ in range(40):  # longer than the CPU row's window
         fleet.feed(heartbeat("w1", fleet.now, cpu=99.0))
         fleet.tick(1.0)
@@ -449,7 +439,7 @@ def test_a_restart_order_names_the_process_heard_from_not_a_time() -> None:
 
 
 def test_the_small_pool_is_not_diverted_to_itself() -> None:
-    config = EngineConfig(small_pool="main")
+    config = DeciderConfig(small_pool="main")
     fleet = Fleet(config)
     fleet.feed(heartbeat("w1", T0), gpu("w1", T0, temperature_c=95.0))
     (ladder,) = of_kind(fleet.tick().changes, DegradationLevel, "pool:main")
@@ -462,7 +452,7 @@ def test_decisions_in_force_are_republished_with_a_new_seq_and_the_same_decision
     fleet = Fleet()
     fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0))
     assert fleet.tick(advance=1.0).republished == ()  # just issued
-    before = dict(fleet.engine.in_force)
+    before = dict(fleet.decider.in_force)
     out = fleet.tick(advance=fleet.config.republish_s)
     assert out.changes == ()
     assert sorted(e.control_key for e in out.republished) == sorted(before)
@@ -494,11 +484,11 @@ def test_a_worker_whose_clock_is_an_hour_off_is_heard() -> None:
         out = fleet.feed(heartbeat("w1", fleet.now - 3600.0))
         assert not out.stale
         fleet.tick(1.0)
-    assert "worker:w1" in fleet.engine.breakers()
+    assert "worker:w1" in fleet.decider.breakers()
 
 
 def test_a_backlog_read_after_a_controller_restart_is_skipped_then_live_reports_count() -> None:
-    """The controller goes down for two minutes; the engine that restarts from the
+    """The controller goes down for two minutes; the decider that restarts from the
     records reads the backlog it left (stale: more than 30 s later than the worker's
     least delayed report, by the anchor in the worker's record), then live reports."""
     skew = 500.0  # the worker's clock, ahead: it changes nothing
@@ -506,7 +496,7 @@ def test_a_backlog_read_after_a_controller_restart_is_skipped_then_live_reports_
     for _ in range(5):
         fleet.feed(heartbeat("w1", fleet.now + skew))
         fleet.tick(1.0)
-    records = fleet.engine.records()
+    records = fleet.decider.records()
     saved = records.workers["w1"]
     assert saved is not None
     assert saved.clock_anchor is not None
@@ -521,7 +511,7 @@ def test_a_backlog_read_after_a_controller_restart_is_skipped_then_live_reports_
 
 
 def test_heartbeat_loss_isolates_a_worker_until_it_beats_and_passes_its_probes() -> None:
-    config = EngineConfig(heartbeat=HeartbeatConfig(timeout_s=10.0))
+    config = DeciderConfig(heartbeat=HeartbeatConfig(timeout_s=10.0))
     fleet = Fleet(config)
     fleet.feed(heartbeat("w1", T0))
     (lost,) = of_kind(fleet.tick(advance=11.0).changes, BreakerState, "worker:w1")
@@ -540,30 +530,30 @@ def test_heartbeat_loss_isolates_a_worker_until_it_beats_and_passes_its_probes()
 def test_a_stopped_worker_is_forgotten_and_no_longer_republished() -> None:
     fleet = Fleet()
     fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0), engine_stats("w1", T0))
-    fleet.engine.take_records()
+    fleet.decider.take_records()
     fleet.feed(heartbeat("w1", T0, status="stopped"))
-    assert fleet.engine.take_records().workers == {"w1": None}  # its record is deleted
-    assert set(fleet.engine.records().workers) == {"w2"}
+    assert fleet.decider.take_records().workers == {"w1": None}  # its record is deleted
+    assert set(fleet.decider.records().workers) == {"w2"}
     out = fleet.tick(advance=fleet.config.republish_s)
     assert {e.scope for e in out.republished} == {"pool:main", "worker:w2"}
 
 
 def test_a_worker_lost_for_long_is_forgotten() -> None:
-    config = EngineConfig(heartbeat=HeartbeatConfig(timeout_s=10.0), forget_after_s=100.0)
+    config = DeciderConfig(heartbeat=HeartbeatConfig(timeout_s=10.0), forget_after_s=100.0)
     fleet = Fleet(config)
     fleet.feed(heartbeat("w1", T0))
     fleet.tick(advance=11.0)  # lost
     fleet.tick(advance=50.0)
-    assert "worker:w1" in fleet.engine.breakers()
+    assert "worker:w1" in fleet.decider.breakers()
     fleet.tick(advance=51.0)
-    assert "worker:w1" not in fleet.engine.breakers()
-    assert all(e.scope != "worker:w1" for e in fleet.engine.in_force.values())
+    assert "worker:w1" not in fleet.decider.breakers()
+    assert all(e.scope != "worker:w1" for e in fleet.decider.in_force.values())
 
 
 def restarted(fleet: Fleet, after_s: float) -> Fleet:
-    """A new engine from the old one's records, as a restarted controller builds it (from
+    """A new decider from the old one's records, as a restarted controller builds it (from
     their JSON, as the changelog holds them)."""
-    saved = fleet.engine.records()
+    saved = fleet.decider.records()
     assert saved.pool is not None
     records = Records(
         PoolRecord.model_validate_json(saved.pool.model_dump_json()),
@@ -581,7 +571,7 @@ def test_a_restart_republishes_the_decisions_in_force_and_nothing_else() -> None
     fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0))
     fleet.serve("w1", 40, errors=20)
     fleet.tick()
-    before = dict(fleet.engine.in_force)
+    before = dict(fleet.decider.in_force)
     again = restarted(fleet, after_s=5.0)
     out = again.tick()
     assert out.changes == ()
@@ -622,16 +612,16 @@ def test_a_restarted_batch_limit_continues_from_its_last_value() -> None:
     fleet = Fleet()
     fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0, batch_limit=32))
     fleet.serve("w1", 40, latency_ms=5_000.0)
-    assert fleet.engine.batch_limits()["w1"][0] == 22
+    assert fleet.decider.batch_limits()["w1"][0] == 22
     again = restarted(fleet, after_s=5.0)
-    assert again.engine.batch_limits()["w1"] == (22, None)
+    assert again.decider.batch_limits()["w1"] == (22, None)
     again.feed(engine_stats("w1", again.now, batch_limit=22))  # no jump back to 32
     again.serve("w1", 40, latency_ms=5_000.0)
     assert [e.limit for e in again.events if isinstance(e, BatchLimit)] == [15]
 
 
 def test_a_worker_restored_as_lost_stays_lost_until_it_beats() -> None:
-    config = EngineConfig(heartbeat=HeartbeatConfig(timeout_s=10.0))
+    config = DeciderConfig(heartbeat=HeartbeatConfig(timeout_s=10.0))
     fleet = Fleet(config)
     fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0))
     fleet.now += 11.0
@@ -639,8 +629,8 @@ def test_a_worker_restored_as_lost_stays_lost_until_it_beats() -> None:
     fleet.tick()
     again = restarted(fleet, after_s=3.0)
     assert again.tick().changes == ()
-    assert again.engine.breakers()["worker:w1"].tripped == ("heartbeat",)
-    assert again.engine.breakers()["worker:w2"].tripped == ()
+    assert again.decider.breakers()["worker:w1"].tripped == ("heartbeat",)
+    assert again.decider.breakers()["worker:w2"].tripped == ()
     # w2 known from before the restart and silent since: lost after the timeout.
     assert breaker_states(again.tick(advance=11.0).changes, "worker:w2") == ["open"]
     back = again.feed(heartbeat("w1", again.now)).changes
@@ -652,12 +642,12 @@ def test_a_restarted_ladder_keeps_its_level_until_its_rung_recovers() -> None:
     fleet.feed(heartbeat("w1", T0), gpu("w1", T0, temperature_c=95.0))
     fleet.tick()
     again = restarted(fleet, after_s=2.0)
-    assert again.engine.degradation.level == 3
+    assert again.decider.degradation.level == 3
     again.feed(gpu("w1", again.now, temperature_c=95.0))
     assert of_kind(again.tick(advance=1.0).changes, DegradationLevel, "pool:main") == []
     hold = again.config.degradation.gpu_temperature_c.recover_hold_s
     cooled_at = again.now
-    while again.engine.degradation.level == 3:
+    while again.decider.degradation.level == 3:
         again.feed(heartbeat("w1", again.now), gpu("w1", again.now, temperature_c=60.0))
         again.tick(advance=1.0)
         assert again.now - cooled_at < 600, "never recovered"
@@ -669,56 +659,6 @@ def test_a_restarted_ladder_keeps_its_level_until_its_rung_recovers() -> None:
     assert set(levels) == {0, 3}
 
 
-def test_wire_evidence_stays_within_the_schema_bounds() -> None:
-    many = {f"m{i}": float(i) for i in range(40)}
-    evidence = wire_evidence(
-        PolicyEvidence(
-            reason="x" * 600,
-            window_s=1e9,
-            metrics={**many, "bad": math.nan, "n" * 100: 1.0},
-            thresholds={"t": math.inf, "ok": 2.0},
-            hold_s=-5.0,
-        ),
-        previous="p" * 600,
-    )
-    assert len(evidence.reason) == 512
-    assert len(evidence.previous or "") == 512
-    assert evidence.window_s == 86_400.0
-    assert evidence.hold_s == 0.0
-    assert len(evidence.metrics) == 32
-    assert "bad" not in evidence.metrics
-    assert evidence.thresholds == {"ok": 2.0}
-
-
-def test_time_scale_multiplies_every_window_and_hold_but_no_threshold() -> None:
-    config = scaled_config(
-        0.01,
-        batch_sla_ms=300.0,
-        heartbeat_timeout_s=2.0,
-        republish_s=1.0,
-        valid_for_s=10.0,
-        forget_after_s=60.0,
-        max_telemetry_age_s=5.0,
-        small_pool="small",
-        max_tokens_cap=256,
-    )
-    default = EngineConfig()
-    assert config.breaker.error_rate.window_s == pytest.approx(3.0)
-    assert config.breaker.error_rate.recover_hold_s == pytest.approx(1.2)
-    assert config.breaker.error_rate.trip_above == default.breaker.error_rate.trip_above
-    assert config.degradation.latency_p99_ms.trip_hold_s == pytest.approx(3.0)
-    assert config.breaker.probe_retry_s == pytest.approx(0.6)
-    assert config.batch.min_interval_s == pytest.approx(0.05)
-    assert config.batch.sla_ms == 300.0
-    assert config.heartbeat.timeout_s == 2.0  # not a policy window
-    assert config.request_window_s == pytest.approx(3.0)
-
-
-def test_republishing_must_be_more_frequent_than_validity() -> None:
-    with pytest.raises(ValueError, match="republish_s"):
-        EngineConfig(republish_s=60.0, valid_for_s=60.0)
-
-
 def test_react_evaluates_the_workers_that_reported_and_tick_all_of_them() -> None:
     """A worker whose errors trip its breaker is decided at the next reaction once its
     own report came; a worker that went silent with its trip hold running out is decided
@@ -726,11 +666,11 @@ def test_react_evaluates_the_workers_that_reported_and_tick_all_of_them() -> Non
     fleet = Fleet()
     fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0))
     fleet.tick()
-    fleet.engine.inputs.clear()
+    fleet.decider.inputs.clear()
     fleet.serve("w1", 40, errors=20)
-    out = fleet.engine.react(fleet.now)
+    out = fleet.decider.react(fleet.now)
     assert breaker_states(out.changes, "worker:w1") == ["open"]
-    assert set(fleet.engine.inputs) == {"worker:w1", "pool:main"}  # w2 sent nothing since
-    assert fleet.engine.react(fleet.now).changes == ()  # nothing observed since
+    assert set(fleet.decider.inputs) == {"worker:w1", "pool:main"}  # w2 sent nothing since
+    assert fleet.decider.react(fleet.now).changes == ()  # nothing observed since
     fleet.tick()
-    assert {"worker:w1", "worker:w2", "pool:main"} <= set(fleet.engine.inputs)
+    assert {"worker:w1", "worker:w2", "pool:main"} <= set(fleet.decider.inputs)
