@@ -93,8 +93,12 @@ class IngressService(Component):
             settings, self.keystore, self.denials, self._producer, self.topics, self._redis, clock
         )
         replies = Replies(self._producer, self.topics, TopicDirectory(self._producer, clock=clock))
-        self.kafka = KafkaIngress(
-            settings, self.pipeline, replies, dead_letters, self.topics, clock
+        # Built only where it runs: its consumer is made with it, and one never started
+        # is never closed.
+        self.kafka = (
+            KafkaIngress(settings, self.pipeline, replies, dead_letters, self.topics, clock)
+            if settings.kafka_ingress
+            else None
         )
         self.hint_feed = HintFeed(settings, self.topics.quota_hints, self.pipeline.hints, clock)
         self.arrivals = ArrivalReporter(
@@ -109,11 +113,7 @@ class IngressService(Component):
         self._socket: socket.socket | None = None
 
     def _ready(self) -> bool:
-        return (
-            self.running
-            and self.router.running
-            and (self.kafka.running or not self.settings.kafka_ingress)
-        )
+        return self.running and self.router.running and (self.kafka is None or self.kafka.running)
 
     @property
     def port(self) -> int:
@@ -136,7 +136,7 @@ class IngressService(Component):
         self.spawn(self._watch(self.hint_feed), "watch:hints")
         await self.arrivals.start()
         self.spawn(self._watch(self.arrivals), "watch:arrivals")
-        if s.kafka_ingress:
+        if self.kafka is not None:
             await self.kafka.start()
             self.spawn(self._watch(self.kafka), "watch:kafka")
         self._socket = socket.create_server((s.ingress_host, s.ingress_port))
@@ -178,7 +178,8 @@ class IngressService(Component):
             if self._server is not None and self._http is not None:
                 self._server.should_exit = True
                 await asyncio.wait({self._http}, timeout=self.settings.shutdown_grace_s + 5)
-            await self.kafka.stop()
+            if self.kafka is not None:
+                await self.kafka.stop()
             await self.arrivals.stop()
             await self.hint_feed.stop()
             await self.router.stop()

@@ -300,6 +300,7 @@ async def test_bad_records_are_dead_lettered_or_rejected_and_consuming_goes_on(
         assert "hunter22" not in reply.message
     await downstream.poll(300)
     assert [r.request_id for _, _, r in downstream.seen] == ["good"]
+    assert ingress.kafka is not None
     assert ingress.kafka.running
     assert not ingress.failed.is_set()
 
