@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from seawall import up as up_mod
+from seawall.keys import keys_app
 from seawall.load.profiles import Profile
-from services.ingress.keys_cli import keys_app
 
 if TYPE_CHECKING:
     from schemas import ControlEvent
@@ -136,9 +136,9 @@ def sim_serve(
     """
     import uvicorn
 
+    from seawall.sim_serve import create_app
     from services.workers.engine.factory import build_engine
     from services.workers.settings import WorkerSettings
-    from services.workers.sim_serve import create_app
 
     settings = WorkerSettings(engine="sim")
     uvicorn.run(

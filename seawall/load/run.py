@@ -24,12 +24,12 @@ from rich.live import Live
 from rich.markup import escape
 
 from schemas import TIER_PRIORITY, InferenceReply, ReasonCode, Tier
+from seawall.keys import open_keystore
 from seawall.load import display, profiles, stats
 from seawall.load.profiles import PlannedRequest, Tenant
 from seawall_client import ClientStats, ReplyRouterClosed, RetryPolicy, SeawallClient
 from seawall_client.retry import attempt_of
 from services.ingress.keys import IssuedKey
-from services.ingress.keys_cli import open_keystore
 from services.ingress.keystore import KeyStore
 from services.ingress.settings import IngressSettings
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 import uvicorn
 
+from seawall.sim_serve import create_app
 from services.workers.engine.base import (
     EngineLimits,
     EngineOutput,
@@ -21,7 +22,6 @@ from services.workers.engine.base import (
 )
 from services.workers.engine.sim import SimulatedEngine
 from services.workers.engine.sim_core import SimConfig
-from services.workers.sim_serve import create_app
 
 MODEL = "sim-llama-2-7b"
 

@@ -12,12 +12,12 @@ import redis.asyncio as aioredis
 from typer.testing import CliRunner, Result
 
 from schemas import AuditEvent
+from seawall.keys import keys_app
 from seawall_client import signing
 from seawall_client.topics import RedisKeys, Topics
 from services.common.bus import make_consumer
 from services.common.settings import CommonSettings
 from services.ingress.keys import hash_key
-from services.ingress.keys_cli import keys_app
 
 pytestmark = pytest.mark.integration
 
