@@ -17,7 +17,6 @@ A client that disconnects has its request aborted in the engine.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
@@ -34,7 +33,18 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from services.common.openai_shapes import OneChoice, OnePrompt, TextPart, content_text
+from services.common.openai_shapes import (
+    SSE_DONE,
+    OneChoice,
+    OnePrompt,
+    TextPart,
+    chunk_object,
+    completion_id,
+    content_text,
+    envelope,
+    sse,
+    usage,
+)
 from services.common.tokenizer import count_tokens
 from services.workers.engine.base import (
     Engine,
@@ -121,14 +131,6 @@ def _error(message: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
 @dataclass(frozen=True, slots=True)
 class _Job:
     """One accepted request: what the engine runs and how the answer is shaped."""
@@ -145,16 +147,10 @@ class _Job:
 
     @property
     def id(self) -> str:
-        return f"{'chatcmpl' if self.chat else 'cmpl'}-{self.request.request_id}"
+        return completion_id(self.chat, self.request.request_id)
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
+        return envelope(self.id, obj, self.created, self.model, choices)
 
     def opening_chunk(self) -> dict[str, Any] | None:
         """Chat streams open with the assistant's role, as OpenAI's do."""
@@ -180,8 +176,7 @@ class _Job:
         return self._envelope("text_completion", [choice])
 
     def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._envelope(obj, []), "usage": usage}
+        return {**self._envelope(chunk_object(self.chat), []), "usage": usage}
 
     def response(self, text: str, finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
         if self.chat:
@@ -200,11 +195,6 @@ class _Job:
             "stop_reason": None,
         }
         return {**self._envelope("text_completion", [choice]), "usage": usage}
-
-
-def _sse(payload: dict[str, Any] | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n"
 
 
 class _ClosingStreamingResponse(StreamingResponse):
@@ -455,8 +445,8 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             return JSONResponse(_error("the engine ended without finishing", 500), 500)
         if final.finish_reason == "error":
             return JSONResponse(_error(final.error or "the engine failed", 500), 500)
-        usage = _usage(final.prompt_tokens or job.request.prompt_tokens, final.completion_tokens)
-        return JSONResponse(job.response("".join(parts), _finish(final), usage))
+        tokens = usage(final.prompt_tokens or job.request.prompt_tokens, final.completion_tokens)
+        return JSONResponse(job.response("".join(parts), _finish(final), tokens))
 
     async def _abort_on_disconnect(request: Request, request_id: str) -> None:
         # The body has been read, so the next message is the disconnect.
@@ -470,7 +460,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         finished = False
         try:
             if (opening := job.opening_chunk()) is not None:
-                yield _sse(opening)
+                yield sse(opening)
             prompt_tokens, completion_tokens = job.request.prompt_tokens, 0
             async for out in outputs:
                 timer.output(out)
@@ -478,19 +468,19 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
                 prompt_tokens = out.prompt_tokens or prompt_tokens
                 completion_tokens = out.completion_tokens
                 if out.finish_reason == "error":
-                    yield _sse(_error(out.error or "the engine failed", 500))
+                    yield sse(_error(out.error or "the engine failed", 500))
                     break
                 chunk = job.chunk(out.text, _finish(out) if out.finished else None)
                 if job.include_usage:
-                    usage = _usage(prompt_tokens, completion_tokens)
-                    chunk["usage"] = usage if job.continuous_usage else None
-                yield _sse(chunk)
+                    tokens = usage(prompt_tokens, completion_tokens)
+                    chunk["usage"] = tokens if job.continuous_usage else None
+                yield sse(chunk)
             else:
                 if job.include_usage:
-                    yield _sse(job.usage_chunk(_usage(prompt_tokens, completion_tokens)))
+                    yield sse(job.usage_chunk(usage(prompt_tokens, completion_tokens)))
         except EngineError as exc:
             finished = True
-            yield _sse(_error(str(exc), 500))
+            yield sse(_error(str(exc), 500))
         finally:
             if not finished:
                 with anyio.CancelScope(shield=True):
@@ -498,7 +488,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             if isinstance(outputs, AsyncGenerator):
                 with anyio.CancelScope(shield=True):
                     await outputs.aclose()
-        yield _sse("[DONE]")
+        yield SSE_DONE
 
     app.state.metrics_registry = metrics.registry
     return app

@@ -1,10 +1,13 @@
-"""Request shapes that both OpenAI-compatible servers here share — ingress's API and
-``seawall sim-serve`` (the stand-in for ``vllm serve``): one choice per request, one
-prompt per completion, and message content as a string or a list of text parts."""
+"""What both OpenAI-compatible servers here share — ingress's API and ``seawall
+sim-serve`` (the stand-in for ``vllm serve``): the request shapes (one choice per
+request, one prompt per completion, message content as a string or a list of text
+parts) and the frame of every answer (id, envelope, usage, server-sent events). The
+choices inside differ: ingress answers as OpenAI does, sim-serve as vLLM does."""
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -50,3 +53,39 @@ class OnePrompt(BaseModel):
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+# --- answers ---------------------------------------------------------------------------
+
+
+def completion_id(chat: bool, request_id: str) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
+
+
+def chunk_object(chat: bool) -> str:
+    """The ``object`` of a streamed chunk."""
+    return "chat.completion.chunk" if chat else "text_completion"
+
+
+def envelope(
+    answer_id: str, obj: str, created: int, model: str, choices: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """An answer or chunk around its ``choices``."""
+    return {"id": answer_id, "object": obj, "created": created, "model": model, "choices": choices}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    """One server-sent event: the payload as compact JSON (or the text as it is)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = sse("[DONE]")

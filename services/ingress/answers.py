@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from schemas import InferenceReply, InferenceRequest, ReplyChunk
 from seawall_client.clock import Clock
 from seawall_client.streams import ReplyItem, ReplyRouterClosed, ReplyStream
+from services.common.openai_shapes import SSE_DONE, sse
 from services.ingress import metrics as m
 from services.ingress import openai as oai
 from services.ingress.errors import error_response, unavailable
@@ -125,36 +126,36 @@ async def events(
 ) -> AsyncIterator[str]:
     opening = shape.opening_chunk()
     if opening is not None:
-        yield oai.sse(opening)
+        yield sse(opening)
     sent: list[str] = []
     item: ReplyItem | TimeoutError = first
     while True:
         if isinstance(item, TimeoutError):
-            yield oai.sse(deadline_error().body())
+            yield sse(deadline_error().body())
             break
         if isinstance(item, ReplyChunk):
             sent.append(item.text)
-            yield oai.sse(shape.chunk(item.text))
+            yield sse(shape.chunk(item.text))
         else:
             error = oai.error_for_reply(item, settings.retry_after_s)
             if error is not None:
-                yield oai.sse(error.body())
+                yield sse(error.body())
                 break
             streamed = "".join(sent)
             # Chunks that never came (a reply without streaming, such as a static
             # degraded one): the rest of the terminal reply's text.
             if item.text.startswith(streamed) and len(item.text) > len(streamed):
-                yield oai.sse(shape.chunk(item.text[len(streamed) :]))
-            yield oai.sse(shape.final_chunk(item))
+                yield sse(shape.chunk(item.text[len(streamed) :]))
+            yield sse(shape.final_chunk(item))
             if shape.include_usage:
-                yield oai.sse(shape.usage_chunk(item))
+                yield sse(shape.usage_chunk(item))
             break
         try:
             item = await waiter.next()
         except ReplyRouterClosed:
-            yield oai.sse(unavailable(settings, "shutting_down", "Ingress is stopping.").body())
+            yield sse(unavailable(settings, "shutting_down", "Ingress is stopping.").body())
             break
-    yield oai.SSE_DONE
+    yield SSE_DONE
 
 
 def deadline_error() -> oai.ApiError:

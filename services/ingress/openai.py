@@ -52,7 +52,16 @@ from schemas import (
     SamplingParams,
 )
 from seawall_client.serde import describe
-from services.common.openai_shapes import OneChoice, OnePrompt, TextPart, content_text
+from services.common.openai_shapes import (
+    OneChoice,
+    OnePrompt,
+    TextPart,
+    chunk_object,
+    completion_id,
+    content_text,
+    envelope,
+    usage,
+)
 from services.ingress.refusals import Refusal, invalid, param_of
 
 # --- request bodies ------------------------------------------------------------------
@@ -315,12 +324,8 @@ def _finish_reason(reply: InferenceReply) -> str:
     return "length" if reply.finish_reason == "length" else "stop"
 
 
-def usage(reply: InferenceReply) -> dict[str, int]:
-    return {
-        "prompt_tokens": reply.prompt_tokens,
-        "completion_tokens": reply.completion_tokens,
-        "total_tokens": reply.prompt_tokens + reply.completion_tokens,
-    }
+def usage_of(reply: InferenceReply) -> dict[str, int]:
+    return usage(reply.prompt_tokens, reply.completion_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,16 +340,10 @@ class Shape:
 
     @property
     def id(self) -> str:
-        return f"{'chatcmpl' if self.chat else 'cmpl'}-{self.request_id}"
+        return completion_id(self.chat, self.request_id)
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
+        return envelope(self.id, obj, self.created, self.model, choices)
 
     def response(self, reply: InferenceReply) -> dict[str, Any]:
         """The whole answer of a non-streamed request."""
@@ -359,11 +358,11 @@ class Shape:
         else:
             choice["text"] = reply.text
             obj = "text_completion"
-        return {**self._envelope(obj, [choice]), "usage": usage(reply)}
+        return {**self._envelope(obj, [choice]), "usage": usage_of(reply)}
 
     @property
     def _chunk_object(self) -> str:
-        return "chat.completion.chunk" if self.chat else "text_completion"
+        return chunk_object(self.chat)
 
     def opening_chunk(self) -> dict[str, Any] | None:
         """Chat streams open with the assistant's role, as OpenAI's do."""
@@ -389,15 +388,7 @@ class Shape:
         return chunk
 
     def usage_chunk(self, reply: InferenceReply) -> dict[str, Any]:
-        return {**self._envelope(self._chunk_object, []), "usage": usage(reply)}
-
-
-def sse(payload: dict[str, Any] | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n"
-
-
-SSE_DONE = sse("[DONE]")
+        return {**self._envelope(self._chunk_object, []), "usage": usage_of(reply)}
 
 
 def models_list(models: list[str]) -> dict[str, Any]:

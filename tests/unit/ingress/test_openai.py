@@ -15,6 +15,7 @@ from schemas import (
     ReasonCode,
     ReplyStatus,
 )
+from services.common.openai_shapes import SSE_DONE, sse
 from services.ingress import openai as oai
 from services.ingress.refusals import Refusal, invalid
 
@@ -276,5 +277,5 @@ def test_shapes() -> None:
     assert text.opening_chunk() is None
     assert text.response(done)["choices"][0]["text"] == "hello"
     assert text.chunk("x")["object"] == "text_completion"
-    assert oai.sse({"a": 1}) == 'data: {"a":1}\n\n'
-    assert oai.SSE_DONE == "data: [DONE]\n\n"
+    assert sse({"a": 1}) == 'data: {"a":1}\n\n'
+    assert SSE_DONE == "data: [DONE]\n\n"
