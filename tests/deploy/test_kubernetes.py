@@ -7,6 +7,8 @@ worker per NVIDIA GPU scaled on the KV-cache metric that prometheus-adapter serv
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -332,3 +334,26 @@ def test_the_hpa_scales_the_vllm_workers_on_the_metric_the_adapter_serves() -> N
     # Workers export the series (services/workers): the name is not a guess.
     sources = "\n".join(p.read_text() for p in (ROOT / "services").rglob("*.py"))
     assert f'"{KV_METRIC}"' in sources
+
+
+@pytest.mark.parametrize("overlay", ["base", *(f"overlays/{o}" for o in OVERLAYS)])
+def test_the_builder_renders_what_kustomize_renders(overlay: str) -> None:
+    """The tests' small kustomize against the real one (``kubectl kustomize``), object
+    for object and field for field (kubectl orders the objects by kind), where kubectl
+    is installed."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: no kustomize to compare the builder with")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(K8S / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    def by_kind_and_name(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return sorted(objects, key=lambda o: (o["kind"], o["metadata"]["name"]))
+
+    rendered = list(yaml.safe_load_all(done.stdout))
+    assert by_kind_and_name(build(K8S / overlay)) == by_kind_and_name(rendered)
