@@ -35,7 +35,9 @@ from _incident_scenario import CLASSES, Scenario, arrivals, sample
 from _incident_seawall import Harness, SeawallRun
 
 from schemas import Priority, Tier
-from services.workers.engine.sim_core import SimConfig, SimCore, run_open_loop
+from services.workers.engine.sim_config import SimConfig
+from services.workers.engine.sim_core import SimCore
+from services.workers.engine.sim_open_loop import run_open_loop
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ tenants of all three tiers. The same arrivals (same seed) run twice, in one proc
   ladder (small pool, truncation, canned replies), the adaptive batch limit, deadlines.
 
 Both run on virtual time (``_incident_des``): the engines are the calibrated simulator
-(``services/workers/engine/sim_core.py``, vLLM V1's scheduler and step times) stepped
+(``services/workers/engine/sim_*.py``, vLLM V1's scheduler and step times) stepped
 in a discrete-event loop, so the run is deterministic and needs one core. In (b) the
 real policy cores of admission, the workers and the controller are composed as their
 service shells compose them (``_incident_seawall``); Kafka hops are fixed delays and

@@ -6,7 +6,7 @@ from services.workers.engine.base import Engine, EngineLimits
 from services.workers.engine.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
 from services.workers.engine.profiles import GPUS, MODELS
 from services.workers.engine.sim import SimulatedEngine
-from services.workers.engine.sim_core import SimConfig, SimFaults
+from services.workers.engine.sim_config import SimConfig, SimFaults
 from services.workers.engine.vllm_engine import VllmEngine, VllmEngineConfig
 from services.workers.settings import WorkerSettings
 

@@ -6,10 +6,11 @@ every chunk (``stream_options.continuous_usage_stats``, a vLLM extension) so tok
 are the server's own; a server that sends none is counted one token per text chunk,
 which is what vLLM streams without speculative decoding.
 
-Aborting a request cancels the task reading its stream: the connection closes and vLLM
-aborts the request server-side. Scheduler figures come from the server's ``/metrics``,
-scraped in the background every ``scrape_interval_s``. The server does not publish its
-engine limits, so they come from configuration.
+The chunks become outputs in :class:`.openai_http_stream.CompletionStream`. Aborting a
+request cancels the task reading its stream: the connection closes and vLLM aborts the
+request server-side. Scheduler figures come from the server's ``/metrics``, scraped in
+the background every ``scrape_interval_s`` (:mod:`.openai_http_metrics`). The server
+does not publish its engine limits, so they come from configuration.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from services.workers.engine.base import (
     EngineError,
@@ -33,7 +33,8 @@ from services.workers.engine.base import (
     EngineSnapshot,
     RequestRefused,
 )
-from services.workers.engine.vllm_engine import map_finish_reason
+from services.workers.engine.openai_http_metrics import ScrapedMetrics, parse_vllm_metrics
+from services.workers.engine.openai_http_stream import CompletionStream, error_body_text
 
 logger = logging.getLogger(__name__)
 
@@ -50,146 +51,6 @@ class OpenAIHttpConfig:
     read_timeout_s: float | None = 300.0
     """Longest silence between two chunks; a queued request may wait this long."""
     api_key: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ScrapedMetrics:
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0
-    preempted_total: int = 0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
-
-
-# Sample names of a `vllm serve` /metrics page; each is summed over its label sets
-# (model, engine). vLLM before 0.10 named the KV gauge vllm:gpu_cache_usage_perc.
-_RUNNING = "vllm:num_requests_running"
-_WAITING = "vllm:num_requests_waiting"
-_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-_PREEMPTIONS = "vllm:num_preemptions_total"
-_PROMPT_TOKENS = "vllm:prompt_tokens_total"
-_GENERATION_TOKENS = "vllm:generation_tokens_total"
-
-
-def parse_vllm_metrics(text: str) -> ScrapedMetrics:
-    """Read the scheduler figures from Prometheus text; absent metrics read as zero.
-
-    Counts add up across engines (data-parallel ranks); KV usage takes the fullest one,
-    since that engine is the first to preempt.
-    """
-    sums: dict[str, float] = {}
-    kv_usage: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in _KV_USAGE:
-                kv_usage[sample.name] = max(kv_usage.get(sample.name, 0.0), sample.value)
-            else:
-                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-    usage = next((kv_usage[name] for name in _KV_USAGE if name in kv_usage), 0.0)
-    return ScrapedMetrics(
-        running=int(sums.get(_RUNNING, 0)),
-        waiting=int(sums.get(_WAITING, 0)),
-        kv_cache_usage=usage,
-        preempted_total=int(sums.get(_PREEMPTIONS, 0)),
-        prompt_tokens_total=int(sums.get(_PROMPT_TOKENS, 0)),
-        generation_tokens_total=int(sums.get(_GENERATION_TOKENS, 0)),
-    )
-
-
-def _error_text(payload: object) -> str:
-    """The message of an OpenAI-shaped error (or of vLLM's older, flat one)."""
-    if isinstance(payload, dict):
-        error = payload.get("error", payload)
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-    return str(payload)[:500]
-
-
-def _error_body_text(body: bytes) -> str:
-    try:
-        return _error_text(json.loads(body))
-    except ValueError:
-        return body.decode(errors="replace")[:500]
-
-
-class CompletionStream:
-    """Turns the completion chunks of one request into ``EngineOutput`` deltas.
-
-    The chunk that carries the finish reason is held back until the stream ends, so that
-    the final output can carry the usage the server sends after it.
-    """
-
-    def __init__(self, request: EngineRequest) -> None:
-        self._request = request
-        self._prompt_tokens = request.prompt_tokens
-        self._completion_tokens = 0
-        self._finish_reason: str | None = None
-        self._tail_text = ""
-        self._tail_tokens = 0
-        self._error: str | None = None
-
-    @property
-    def completion_tokens(self) -> int:
-        return self._completion_tokens
-
-    def feed(self, chunk: Mapping[str, Any]) -> EngineOutput | None:
-        """One parsed ``data:`` payload; returns the delta to emit, if any. An error
-        payload ends the request with ``finish_reason="error"`` (the server failed this
-        request; restarting the worker would not mend a separately running server)."""
-        if self._error is not None:
-            return None
-        if "error" in chunk:
-            self._error = f"server error: {_error_text(chunk)}"[:500]
-            self._finish_reason = "error"
-            return None
-        usage = chunk.get("usage")
-        counted = self._completion_tokens + self._tail_tokens
-        if isinstance(usage, dict):
-            self._prompt_tokens = int(usage.get("prompt_tokens", self._prompt_tokens))
-        choices = chunk.get("choices") or []
-        if not choices:
-            if isinstance(usage, dict):  # the closing usage-only chunk
-                self._tail_tokens += max(0, int(usage.get("completion_tokens", 0)) - counted)
-            return None
-        choice = choices[0]
-        text = str(choice.get("text") or "")
-        if isinstance(usage, dict):
-            new_tokens = max(0, int(usage.get("completion_tokens", 0)) - counted)
-        else:
-            new_tokens = 1 if text else 0
-        if (finish_reason := choice.get("finish_reason")) is not None:
-            self._finish_reason = str(finish_reason)
-        if self._finish_reason is not None:
-            self._tail_text += text
-            self._tail_tokens += new_tokens
-            return None
-        self._completion_tokens += new_tokens
-        return EngineOutput(
-            request_id=self._request.request_id,
-            text=text,
-            new_tokens=new_tokens,
-            prompt_tokens=self._prompt_tokens,
-            completion_tokens=self._completion_tokens,
-        )
-
-    def close(self) -> EngineOutput:
-        """The final delta once the stream has ended (``[DONE]`` or end of body)."""
-        if self._finish_reason is None:
-            raise EngineError(
-                f"request {self._request.request_id}: the stream ended without a finish reason"
-            )
-        self._completion_tokens += self._tail_tokens
-        return EngineOutput(
-            request_id=self._request.request_id,
-            text=self._tail_text,
-            new_tokens=self._tail_tokens,
-            finished=True,
-            finish_reason=map_finish_reason(self._finish_reason),
-            prompt_tokens=self._prompt_tokens,
-            completion_tokens=self._completion_tokens,
-            error=self._error,
-        )
 
 
 _END: Final = object()
@@ -359,7 +220,7 @@ class OpenAIHttpEngine:
                     body = await response.aread()
                     text = (
                         f"request {request.request_id}: HTTP {response.status_code}: "
-                        f"{_error_body_text(body)}"
+                        f"{error_body_text(body)}"
                     )
                     if response.status_code in _REFUSALS:
                         raise RequestRefused(text)

@@ -19,7 +19,7 @@ request's ``seed`` (else by its id): two runs with the same seed agree. ``top_p`
 ``stop`` strings do not change the simulated output. ``SimFaults.divergence`` makes a
 share of the requests depart from their prompt's text from a random token on.
 
-Faults configured in :class:`.sim_core.SimFaults` act through the core: a crash (or the
+Faults configured in :class:`.sim_config.SimFaults` act through the core: a crash (or the
 leak's out-of-memory) fails every in-flight ``generate`` with :class:`EngineError` at the
 next step, and every later call (``generate``, ``snapshot``, ``gpu_reading``, ``abort``)
 until ``start`` brings up a fresh engine, as restarting a vLLM worker would.
@@ -48,7 +48,8 @@ from services.workers.engine.base import (
     GpuReading,
     RequestRefused,
 )
-from services.workers.engine.sim_core import SimConfig, SimCore, StepResult
+from services.workers.engine.sim_config import SimConfig
+from services.workers.engine.sim_core import SimCore, StepResult
 from services.workers.profiling import cprofile_for
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from services.workers.engine.base import (
     EngineSnapshot,
 )
 from services.workers.engine.sim import SimulatedEngine
-from services.workers.engine.sim_core import SimConfig
+from services.workers.engine.sim_config import SimConfig
 
 MODEL = "sim-llama-2-7b"
 

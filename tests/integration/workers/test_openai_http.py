@@ -11,7 +11,7 @@ import pytest
 from services.common.tokenizer import count_tokens
 from services.workers.engine.base import EngineError, EngineOutput, EngineRequest, RequestRefused
 from services.workers.engine.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
-from services.workers.engine.sim_core import SimConfig, SimFaults
+from services.workers.engine.sim_config import SimConfig, SimFaults
 from tests.integration.workers.conftest import MODEL, SimServer, eventually, serve_sim
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from seawall.sim_serve import create_app
 from services.common.tokenizer import count_tokens
 from services.workers.engine.sim import SimulatedEngine
-from services.workers.engine.sim_core import SimConfig, SimFaults
+from services.workers.engine.sim_config import SimConfig, SimFaults
 from tests.integration.workers.conftest import MODEL, SimServer, eventually, serve_sim
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from schemas import (
 )
 from services.workers.consistency import Comparison, fingerprint, similarity
 from services.workers.dispatches import engine_request_for
-from services.workers.engine.sim_core import SimConfig, SimFaults
+from services.workers.engine.sim_config import SimConfig, SimFaults
 from services.workers.shadows import SHADOW_MAX_AGE_S, run_shadow, shadow_for, shadow_partition
 from tests.unit.workers.test_sim_engine import collect, request, started
 

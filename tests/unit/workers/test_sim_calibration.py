@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.workers.engine.sim_core import (
+from services.workers.engine.sim_config import SimConfig
+from services.workers.engine.sim_core import SimCore
+from services.workers.engine.sim_open_loop import (
     INCIDENT_BURST_RATE,
     INCIDENT_SEED,
     INCIDENT_STEADY_RATE,
     INCIDENT_WINDOW_S,
-    SimConfig,
-    SimCore,
     run_open_loop,
     sharegpt_like_arrivals,
 )

@@ -14,14 +14,9 @@ from services.workers.engine.profiles import (
     ModelProfile,
     kv_bytes_per_token,
 )
-from services.workers.engine.sim_core import (
-    SimConfig,
-    SimCore,
-    SimFaults,
-    StepResult,
-    run_open_loop,
-    sharegpt_like_arrivals,
-)
+from services.workers.engine.sim_config import SimConfig, SimFaults
+from services.workers.engine.sim_core import SimCore, StepResult
+from services.workers.engine.sim_open_loop import run_open_loop, sharegpt_like_arrivals
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,7 @@ from services.workers.engine.base import (
     RequestRefused,
 )
 from services.workers.engine.sim import SimulatedEngine
-from services.workers.engine.sim_core import SimConfig, SimFaults
+from services.workers.engine.sim_config import SimConfig, SimFaults
 
 pytestmark = pytest.mark.unit
 
