@@ -33,9 +33,9 @@ from typing import Any, Final
 
 from schemas import Priority, Tier
 from schemas.requests import TIER_PRIORITY
-from services.admission.bucket import Limit, TierConfig
+from services.admission.policy.bucket import Limit, TierConfig
 from services.workers.engine.factory import sim_config
-from services.workers.engine.sim_core import SimConfig
+from services.workers.engine.sim_config import SimConfig
 from services.workers.settings import WorkerSettings
 
 EPOCH: Final = 1_800_000_000.0

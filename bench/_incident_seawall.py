@@ -61,20 +61,17 @@ from schemas import (
     WorkerHeartbeat,
     WorkerReport,
 )
-from services.admission.bucket import BucketState, Dimension, adjust, decide
-from services.admission.capacity import FleetCapacity, Placement
 from services.admission.dispatcher import SWEEP_INTERVAL_S
-from services.admission.dispatching import Lane, Queued, forecasts, pick
-from services.admission.policy import (
-    NO_FORECASTS,
-    Accepted,
-    AdmissionPolicy,
-    PolicyConfig,
-    Reply,
-    engine_cost,
-    worker_share,
-)
-from services.admission.scheduler import PriorityScheduler
+from services.admission.policy.bucket import BucketState, Dimension, adjust, decide
+from services.admission.policy.capacity import FleetCapacity
+from services.admission.policy.config import PolicyConfig
+from services.admission.policy.decisions import NO_FORECASTS, AdmissionPolicy
+from services.admission.policy.dispatching import Lane, Queued, forecasts, pick
+from services.admission.policy.outcomes import Accepted, Reply
+from services.admission.policy.round_budget import Placement
+from services.admission.policy.routing import worker_share
+from services.admission.policy.scheduler import PriorityScheduler
+from services.admission.policy.sizing import engine_cost
 from services.admission.settings import AdmissionSettings
 from services.common.control import ControlState
 from services.common.tokenizer import count_tokens

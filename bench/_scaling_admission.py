@@ -43,8 +43,9 @@ from rate_limiter import ROOMY
 from schemas import Tier
 from seawall_client.kafka import ensure_topics
 from seawall_client.topics import RedisKeys
-from services.admission.bucket import DIMENSIONS, BucketState, ttl_ms
-from services.admission.quota import QuotaRequest, RedisQuota, quota_key
+from services.admission.policy.bucket import DIMENSIONS, BucketState, ttl_ms
+from services.admission.policy.charges import QuotaRequest
+from services.admission.quota import RedisQuota, quota_key
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_producer, topics_of
 from services.common.settings import CommonSettings

@@ -73,8 +73,9 @@ from limits.aio.storage import RedisStorage
 from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 
 from schemas import Tier
-from services.admission.bucket import Limit, TierConfig
-from services.admission.quota import CHARGES_PER_CALL, QuotaRequest, RedisQuota
+from services.admission.policy.bucket import Limit, TierConfig
+from services.admission.policy.charges import QuotaRequest
+from services.admission.quota import CHARGES_PER_CALL, RedisQuota
 from services.admission.settings import AdmissionSettings
 from services.common.settings import DEFAULT_REDIS_URL
 

@@ -29,8 +29,8 @@ from schemas import (
 from schemas.base import Message
 from seawall_client.serde import DISPATCH, decode, encode
 from seawall_client.topics import Topics
-from services.admission.capacity import WorkerStatus
-from services.admission.cost import NO_COST, Cost
+from services.admission.policy.cost import NO_COST, Cost
+from services.admission.policy.workers import WorkerStatus
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_consumer, make_producer
 from services.common.control import ControlState

@@ -1,6 +1,6 @@
 """Admission's terminal answers: replies and dead letters.
 
-A request refused (by ``policy.screen``, ``judge`` or ``release``), shed, expired or
+A request refused (by ``AdmissionPolicy.screen``, ``judge`` or ``release``), shed, expired or
 failed on its own account (answered ``error``) gets its reply on its ``reply_to``; a
 record that does not decode, or whose ``reply_to`` is not an existing reply topic, is
 dead-lettered (no quota, no GPU for what nobody can receive). Dead letters are bounded
@@ -23,7 +23,7 @@ from seawall_client.serde import DecodeError, encode
 from services.admission import metrics as m
 from services.admission.backlog import Waiting
 from services.admission.corrections import Corrections
-from services.admission.policy import Reply, failed
+from services.admission.policy.outcomes import Reply, failed
 from services.common.consuming import Record, retry_unavailable
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.delivery import Replies

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 
 from schemas import InferenceRequest, Priority
-from services.admission.dispatching import SCAVENGER, Lane, Queued
-from services.admission.policy import Accepted
+from services.admission.policy.dispatching import SCAVENGER, Lane, Queued
+from services.admission.policy.outcomes import Accepted
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
--- seawall quota buckets: services/admission/bucket.py's model, run atomically in Redis.
+-- seawall quota buckets: services/admission/policy/bucket.py's model, run atomically in Redis.
 --
 -- One call decides one or more charges (a batch of requests in one round trip), each
 -- on its own buckets, in order, all on the same server clock.

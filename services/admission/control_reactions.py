@@ -14,9 +14,9 @@ import logging
 from collections.abc import Callable
 
 from schemas import BreakerState, ControlEvent, QuotaOverride
-from services.admission.capacity import FleetCapacity
 from services.admission.hint_publisher import HintPublisher
-from services.admission.policy import worker_share
+from services.admission.policy.capacity import FleetCapacity
+from services.admission.policy.routing import worker_share
 from services.common.control import ControlState
 
 log = logging.getLogger(__name__)

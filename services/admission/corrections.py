@@ -24,8 +24,8 @@ from seawall_client.serde import COMPLETION, decode
 from seawall_client.topics import RedisKeys
 from services.admission import metrics as m
 from services.admission.backlog import Waiting
-from services.admission.bucket import TierConfig
-from services.admission.policy import AdmissionPolicy
+from services.admission.policy.bucket import TierConfig
+from services.admission.policy.decisions import AdmissionPolicy
 from services.admission.quota import QuotaUnavailable, RedisQuota
 from services.common.consuming import Record
 from services.common.control import ControlState

@@ -1,9 +1,9 @@
 """Admission's dispatch loop: admitted work released at the pace the pools absorb.
 
 Each round, per destination pool, the ``PriorityScheduler`` shares the pool's free slots
-(``capacity.FleetCapacity``, the pacing rule) among the classes with work
-(``dispatching.pick``); the picked requests are checked for the client's abort marker
-in Redis, released through ``policy.release`` with the control state in force, and
+(``policy.capacity.FleetCapacity``, the pacing rule) among the classes with work
+(``policy.dispatching.pick``); the picked requests are checked for the client's abort marker
+in Redis, released through ``AdmissionPolicy.release`` with the control state in force, and
 produced to ``llm.dispatch.<pool>`` keyed by session. Requests whose deadline passes
 while they wait get their ``expired`` reply from a periodic sweep. A request's offset
 is done once the broker acknowledges its dispatch; what the broker did not take goes
@@ -28,11 +28,14 @@ from seawall_client.topics import RedisKeys, Topics
 from services.admission import metrics as m
 from services.admission.answers import Answers
 from services.admission.backlog import Backlog, Waiting
-from services.admission.capacity import FleetCapacity, Placement
 from services.admission.corrections import STORE_ERRORS, Corrections
-from services.admission.dispatching import SCAVENGER, Round, pick
-from services.admission.policy import AdmissionPolicy, Admit, Reply, engine_cost
-from services.admission.scheduler import PriorityScheduler
+from services.admission.policy.capacity import FleetCapacity
+from services.admission.policy.decisions import AdmissionPolicy
+from services.admission.policy.dispatching import SCAVENGER, Round, pick
+from services.admission.policy.outcomes import Admit, Reply
+from services.admission.policy.round_budget import Placement
+from services.admission.policy.scheduler import PriorityScheduler
+from services.admission.policy.sizing import engine_cost
 from services.common.control import ControlState
 from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import wait_set
@@ -122,7 +125,7 @@ class Dispatcher:
         return ok
 
     def _pick(self, now: float) -> Round[Waiting]:
-        """The requests to release now (``dispatching.pick``): per destination pool,
+        """The requests to release now (``policy.dispatching.pick``): per destination pool,
         what its budget holds shared by the scheduler; every request of a pool whose
         breaker refuses (to be answered); the scavenger lane's to serve or shed."""
         chosen = pick(

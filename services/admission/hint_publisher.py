@@ -18,9 +18,9 @@ from schemas import QuotaHint
 from seawall_client.clock import Clock
 from seawall_client.serde import encode
 from services.admission import metrics as m
-from services.admission.bucket import QuotaDecision
-from services.admission.hints import HintThrottle, clear_hint, hint_for
-from services.admission.policy import override_terms, quota_override
+from services.admission.policy.bucket import QuotaDecision
+from services.admission.policy.hints import HintThrottle, clear_hint, hint_for
+from services.admission.policy.overrides import override_terms, quota_override
 from services.common.control import ControlState
 from services.common.failures import is_infrastructure
 

@@ -3,9 +3,9 @@
 One consumer, group ``<prefix>seawall.admission``, on the three priority topics. A
 record that does not decode, or whose ``reply_to`` is not an existing reply topic, is
 dead-lettered at once (no quota, no GPU for what nobody can receive). Each fetched
-batch is decided at once (``policy.screen``, then one pipelined round of atomic quota
+batch is decided at once (``AdmissionPolicy.screen``, then one pipelined round of atomic quota
 charges — region and tenant together, idempotent by request id (``quota.Charge``): a
-redelivered request is not charged twice — then ``policy.judge``): a rejection is
+redelivered request is not charged twice — then ``AdmissionPolicy.judge``): a rejection is
 answered immediately; an accepted request waits in its class's backlog. A class holding
 ``max_buffered_per_class`` requests has its partitions paused (re-applied before every
 fetch and after every rebalance, which resets pauses); the rest of its backlog waits in
@@ -34,12 +34,14 @@ from seawall_client.topics import RedisKeys, Topics
 from services.admission import metrics as m
 from services.admission.answers import Answers
 from services.admission.backlog import Backlog, Waiting
-from services.admission.capacity import FleetCapacity
 from services.admission.corrections import Corrections
-from services.admission.dispatching import forecasts
 from services.admission.hint_publisher import HintPublisher
-from services.admission.policy import NO_FORECASTS, AdmissionPolicy, Reply, Screened
-from services.admission.quota import Charge, Charged, QuotaUnavailable, RedisQuota, on_redis_down
+from services.admission.policy.capacity import FleetCapacity
+from services.admission.policy.charges import Charge, Charged
+from services.admission.policy.decisions import NO_FORECASTS, AdmissionPolicy
+from services.admission.policy.dispatching import forecasts
+from services.admission.policy.outcomes import Reply, Screened
+from services.admission.quota import QuotaUnavailable, RedisQuota, on_redis_down
 from services.admission.settings import AdmissionSettings
 from services.common.bus import commit_done
 from services.common.consuming import Record, observe_lag, retry_unavailable

@@ -1,4 +1,4 @@
-"""Tenant quotas in Redis: ``bucket.lua`` (the model of ``bucket.py``) behind an async API.
+"""Tenant quotas in Redis: ``bucket.lua`` (the model of ``policy/bucket.py``) behind an async API.
 
 Each charge is atomic in Redis (a batch of charges is one script call, or a few:
 ``CHARGES_PER_CALL``): both dimensions of a tenant (requests,
@@ -51,7 +51,7 @@ from redis.crc import key_slot
 
 from schemas import Tier
 from seawall_client.topics import RedisKeys
-from services.admission.bucket import (
+from services.admission.policy.bucket import (
     DEFAULT_TTL_MARGIN_MS,
     DIMENSIONS,
     BucketState,
@@ -67,16 +67,14 @@ from services.admission.bucket import (
     make_decision,
     redis_clock,
 )
+from services.admission.policy.charges import Charge, Charged, QuotaRequest
 from services.common.failures import StoreUnavailable
 from services.common.lua import Call, Lua
 
 __all__ = [
     "REDIS_DOWN_OUTCOME",
     "Adjustment",
-    "Charge",
-    "Charged",
     "QuotaDecision",
-    "QuotaRequest",
     "QuotaUnavailable",
     "RedisQuota",
     "on_redis_down",
@@ -128,50 +126,6 @@ def region_key(prefix: str, region: str, dimension: Dimension) -> str:
     """The hash of one (region, dimension), in the regions' own namespace."""
     _check_tag(prefix, region)
     return RedisKeys(prefix).region_quota(region, dimension)
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaRequest:
-    """What one bucket pair (a tenant's, or a region's) is charged."""
-
-    tenant: str
-    """The tenant, or for a region's charge the region's name."""
-    config: TierConfig
-    requests: float = 1
-    tokens: float = 0
-
-    @property
-    def costs(self) -> dict[Dimension, float]:
-        return {"requests": self.requests, "tokens": self.tokens}
-
-
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """One request's charge: its tenant's buckets, its region's if throttled, and its
-    marker (``None``: not idempotent)."""
-
-    tenant: QuotaRequest
-    region: QuotaRequest | None = None
-    marker: str | None = None
-    """The request's marker key (``RedisKeys.admitted``)."""
-    marker_ttl_ms: int = 0
-    reservation: str | None = None
-    """The request's reservation key (``RedisKeys.reservation``): when the charge is
-    made, the tokens charged to the tenant are written there, in the same atomic step,
-    for its completion's correction (``None``: not recorded)."""
-    reservation_ttl_ms: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Charged:
-    tenant: QuotaDecision
-    """The tenant's decision (nothing spent if the region refused)."""
-    region: QuotaDecision | None
-    """The region's, when there was a region to charge (nothing spent if the tenant
-    refused)."""
-    replayed: bool = False
-    """The marker said this request was charged before: the earlier outcomes, nothing
-    spent now."""
 
 
 @dataclass(frozen=True, slots=True)

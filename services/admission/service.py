@@ -42,13 +42,15 @@ from seawall_client.kafka import close, ensure_topics, start_tail
 from seawall_client.topics import RedisKeys
 from services.admission.answers import Answers
 from services.admission.backlog import Backlog
-from services.admission.capacity import CapacityConfig, FleetCapacity
 from services.admission.control_reactions import ControlReactions
 from services.admission.corrections import STORE_ERRORS, CompletionsHandler, Corrections
 from services.admission.dispatcher import Dispatcher
 from services.admission.hint_publisher import HintPublisher
 from services.admission.intake import Intake
-from services.admission.policy import AdmissionPolicy, PolicyConfig
+from services.admission.policy.capacity import FleetCapacity
+from services.admission.policy.config import PolicyConfig
+from services.admission.policy.decisions import AdmissionPolicy
+from services.admission.policy.workers import CapacityConfig
 from services.admission.quota import RedisQuota
 from services.admission.settings import AdmissionSettings
 from services.admission.telemetry import TelemetryTail

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_settings import SettingsConfigDict
 
 from schemas import Tier
-from services.admission.bucket import DEFAULT_TIERS, Limit, TierConfig
+from services.admission.policy.bucket import DEFAULT_TIERS, Limit, TierConfig
 from services.common.settings import CommonSettings
 
 

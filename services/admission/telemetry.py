@@ -2,7 +2,7 @@
 
 Every worker report (``llm.telemetry``) and completion (``llm.completions``), read
 without a group from the end of both topics, feeds the pacing rule
-(``capacity.FleetCapacity``) and each pool's ``max_model_len``, and asks for a dispatch
+(``policy.capacity.FleetCapacity``) and each pool's ``max_model_len``, and asks for a dispatch
 round now.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from seawall_client.clock import Clock
 from seawall_client.serde import COMPLETION, TELEMETRY, decode
-from services.admission.capacity import FleetCapacity
+from services.admission.policy.capacity import FleetCapacity
 from services.common.consuming import Record
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from schemas import Tier
 from seawall import steer
-from services.admission.bucket import DEFAULT_TIERS
-from services.admission.policy import overridden
+from services.admission.policy.bucket import DEFAULT_TIERS
+from services.admission.policy.overrides import overridden
 from services.common.control import in_force
 
 pytestmark = pytest.mark.unit

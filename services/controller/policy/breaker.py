@@ -17,7 +17,7 @@ more cause. The scope's circuit:
 - ``open``: some cause tripped; ``level`` is the highest level among the causes. On a
   worker scope admission isolates the worker (removes it from its pool) for heartbeat
   loss, errors, a failed probe or level 3+, and paces it to a share of its slots for
-  latency alone (level 2); see ``admission.policy.worker_share``. On a pool scope the
+  latency alone (level 2); see ``admission.policy.routing.worker_share``. On a pool scope the
   level says what admission does (log, rate limit, reject new, restart);
 - ``half_open``: every cause recovered; the scope keeps its last level and admits
   ``half_open_probes`` probe requests (the shell feeds each completed request of the

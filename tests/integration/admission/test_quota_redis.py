@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 
 from schemas import Tier
 from seawall_client.topics import RedisKeys
-from services.admission.bucket import (
+from services.admission.policy.bucket import (
     BucketState,
     Dimension,
     Group,
@@ -30,10 +30,9 @@ from services.admission.bucket import (
     time_until_full,
     ttl_ms,
 )
+from services.admission.policy.charges import Charge, QuotaRequest
 from services.admission.quota import (
     CHARGES_PER_CALL,
-    Charge,
-    QuotaRequest,
     QuotaUnavailable,
     RedisQuota,
     quota_key,

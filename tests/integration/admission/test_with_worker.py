@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 from schemas import DegradationLevel, Priority, ReplyStatus, Tier
 from seawall_client.serde import DISPATCH, decode
 from seawall_client.topics import RedisKeys, Topics
+from services.admission.policy.scheduler import SchedulerConfig
 from services.admission.quota import quota_key
-from services.admission.scheduler import SchedulerConfig
 from services.admission.service import Admission
 from services.common.bus import topics_of
 from services.common.settings import CommonSettings

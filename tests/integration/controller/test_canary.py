@@ -16,7 +16,8 @@ from schemas import TrafficSplit
 from seawall_client.kafka import ensure_topics
 from seawall_client.serde import encode
 from seawall_client.topics import Topics, canary_pool
-from services.admission.policy import AdmissionPolicy, PolicyConfig
+from services.admission.policy.config import PolicyConfig
+from services.admission.policy.decisions import AdmissionPolicy
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_producer
 from services.common.control import ControlState

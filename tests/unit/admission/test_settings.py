@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from schemas import Tier
-from services.admission.bucket import DEFAULT_TIERS, Limit
+from services.admission.policy.bucket import DEFAULT_TIERS, Limit
 from services.admission.settings import AdmissionSettings
 
 pytestmark = pytest.mark.unit

@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 
 from schemas import BreakerLevel, BreakerState, DegradationLevel, Evidence, Priority
 from seawall_client.clock import ManualClock
-from services.admission.bucket import DEFAULT_TIERS
-from services.admission.capacity import CapacityConfig, FleetCapacity
-from services.admission.cost import Cost
-from services.admission.dispatching import SCAVENGER, Lane, Round, pick
-from services.admission.policy import AdmissionPolicy, PolicyConfig
-from services.admission.scheduler import PriorityScheduler
+from services.admission.policy.bucket import DEFAULT_TIERS
+from services.admission.policy.capacity import FleetCapacity
+from services.admission.policy.config import PolicyConfig
+from services.admission.policy.cost import Cost
+from services.admission.policy.decisions import AdmissionPolicy
+from services.admission.policy.dispatching import SCAVENGER, Lane, Round, pick
+from services.admission.policy.scheduler import PriorityScheduler
+from services.admission.policy.workers import CapacityConfig
 from services.common.control import ControlState
 from tests.admission_helpers import Item
 

@@ -18,7 +18,7 @@ The scavenger lane (over-quota work of the tiers that allow it, keyed
 work for the pool is dispatched, its requests take what the budget still holds, oldest
 first, leaving ``scavenger_headroom`` of every budget free for the work that may come
 next (a dispatched request cannot be taken back). It is shed — taken out to be
-answered ``quota_exceeded`` (``policy.shed``) — as soon as the pool is tight: a class's
+answered ``quota_exceeded`` (``AdmissionPolicy.shed``) — as soon as the pool is tight: a class's
 work still waits after the round, the breaker paces or refuses the pool, the ladder
 degrades it; and a request that waited ``scavenger_wait_s`` is shed anyway.
 
@@ -35,11 +35,13 @@ from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, Protocol, TypeVar
 
 from schemas import InferenceRequest, Priority
-from services.admission.capacity import FleetCapacity, Placement, PoolView, RoundBudget
-from services.admission.cost import Cost
-from services.admission.policy import Accepted, AdmissionPolicy
-from services.admission.scheduler import ClassLoad, PriorityScheduler
-from services.admission.ttft import PoolForecast
+from services.admission.policy.capacity import FleetCapacity
+from services.admission.policy.cost import Cost
+from services.admission.policy.decisions import AdmissionPolicy
+from services.admission.policy.outcomes import Accepted
+from services.admission.policy.round_budget import Placement, PoolView, RoundBudget
+from services.admission.policy.scheduler import ClassLoad, PriorityScheduler
+from services.admission.policy.ttft import PoolForecast
 from services.common.control import ControlState
 
 

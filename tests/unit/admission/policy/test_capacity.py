@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import WorkerReport
-from services.admission.capacity import CapacityConfig, FleetCapacity, PoolView
+from services.admission.policy.capacity import FleetCapacity
+from services.admission.policy.round_budget import PoolView
+from services.admission.policy.workers import CapacityConfig
 from tests.admission_helpers import engine_stats, heartbeat
 
 pytestmark = pytest.mark.unit

@@ -4,7 +4,7 @@ A request's first token comes after the prefill of every prompt ahead of it and 
 own. Ahead of it: the prompt tokens queued in its pool's engines (``prefill_in_pool``,
 the pacing rule's estimate) and those waiting in admission in its own class or a higher
 one (they are dispatched first). The pool prefills at the sum of its workers' learned
-rates (``capacity._Worker.prefill_rate``: the peak throughput of report intervals that
+rates (``workers.WorkerState.prefill_rate``: the peak throughput of report intervals that
 had a queue throughout, slowly forgotten), so::
 
     ttft ≈ (queued in the engines + waiting at or above its class + its prompt) / rate
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from schemas import Priority
-from services.admission.scheduler import ORDER
+from services.admission.policy.scheduler import ORDER
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import RateLimitInfo, Tier
-from services.admission.bucket import (
+from services.admission.policy.bucket import (
     DEFAULT_TIERS,
     BucketState,
     Group,

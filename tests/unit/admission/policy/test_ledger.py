@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.admission.cost import Cost
-from services.admission.ledger import Ledger, Sums
+from services.admission.policy.cost import Cost
+from services.admission.policy.ledger import Ledger, Sums
 
 pytestmark = pytest.mark.unit
 

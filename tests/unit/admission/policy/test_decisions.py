@@ -1,4 +1,4 @@
-"""Admission's per-request decisions (policy.py): every tier, breaker level, degradation
+"""Admission's per-request decisions (decisions.py): every tier, breaker level, degradation
 rung, region throttle, quota override, deadline and the Redis-down policy per tier."""
 
 from __future__ import annotations
@@ -31,18 +31,13 @@ from schemas import (
     TrafficSplit,
 )
 from seawall_client.clock import ManualClock
-from services.admission.bucket import BucketState, Limit, TierConfig, decide
-from services.admission.cost import Cost
-from services.admission.policy import (
-    Accepted,
-    AdmissionPolicy,
-    Admit,
-    PolicyConfig,
-    Reply,
-    Screened,
-    region_bucket,
-    worker_share,
-)
+from services.admission.policy.bucket import BucketState, Limit, TierConfig, decide
+from services.admission.policy.config import PolicyConfig
+from services.admission.policy.cost import Cost
+from services.admission.policy.decisions import AdmissionPolicy
+from services.admission.policy.outcomes import Accepted, Admit, Reply, Screened
+from services.admission.policy.overrides import region_bucket
+from services.admission.policy.routing import worker_share
 from services.admission.quota import on_redis_down
 from services.common.control import ControlState
 

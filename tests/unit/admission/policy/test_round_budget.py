@@ -1,4 +1,4 @@
-"""Placing requests on workers (capacity.py): where workers report the partitions they
+"""Placing requests on workers (round_budget.py): where workers report the partitions they
 own, admission chooses each request's worker — least loaded, session affinity only
 while the session's worker has room — instead of letting the key's hash choose."""
 
@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.admission.capacity import CapacityConfig, FleetCapacity
-from services.admission.cost import Cost
+from services.admission.policy.capacity import FleetCapacity
+from services.admission.policy.cost import Cost
+from services.admission.policy.workers import CapacityConfig
 from tests.admission_helpers import engine_stats, heartbeat
 
 pytestmark = pytest.mark.unit

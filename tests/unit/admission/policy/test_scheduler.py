@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import Priority
-from services.admission.scheduler import (
+from services.admission.policy.scheduler import (
     ORDER,
     ClassLoad,
     ClassPolicy,

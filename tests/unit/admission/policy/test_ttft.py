@@ -10,12 +10,15 @@ from hypothesis import strategies as st
 
 from schemas import InferenceRequest, Priority, ReasonCode, ReplyStatus, Tier
 from seawall_client.clock import ManualClock
-from services.admission.bucket import DEFAULT_TIERS
-from services.admission.capacity import CapacityConfig, FleetCapacity
-from services.admission.cost import Cost
-from services.admission.dispatching import SCAVENGER, Lane, forecasts
-from services.admission.policy import AdmissionPolicy, PolicyConfig, Reply, Screened
-from services.admission.ttft import PoolForecast, predict
+from services.admission.policy.bucket import DEFAULT_TIERS
+from services.admission.policy.capacity import FleetCapacity
+from services.admission.policy.config import PolicyConfig
+from services.admission.policy.cost import Cost
+from services.admission.policy.decisions import AdmissionPolicy
+from services.admission.policy.dispatching import SCAVENGER, Lane, forecasts
+from services.admission.policy.outcomes import Reply, Screened
+from services.admission.policy.ttft import PoolForecast, predict
+from services.admission.policy.workers import CapacityConfig
 from services.common.control import ControlState
 from tests.admission_helpers import Item, engine_stats
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import QuotaHint, RateLimitInfo, Tier
-from services.admission.bucket import DEFAULT_TIERS, BucketState, Dimension, decide
-from services.admission.hints import HintThrottle, clear_hint, hint_for
+from services.admission.policy.bucket import DEFAULT_TIERS, BucketState, Dimension, decide
+from services.admission.policy.hints import HintThrottle, clear_hint, hint_for
 
 pytestmark = pytest.mark.unit
 

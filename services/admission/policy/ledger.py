@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.admission.cost import Cost
+from services.admission.policy.cost import Cost
 
 
 @dataclass(slots=True)

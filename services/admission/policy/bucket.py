@@ -1,10 +1,11 @@
 """The pure token-bucket model behind admission quotas (DESIGN, "Tiers and priority").
 
-No Redis, no clock: time comes in as ``now`` (seconds). ``bucket.lua`` is the same model
-run atomically inside Redis on the server's clock; the two are kept in lock-step by the
-integration tests, which replay the script's decisions through this module and demand
-bit-identical states. Any change here must be made there too, operation for operation:
-both sides do the same IEEE-754 double arithmetic in the same order.
+No Redis, no clock: time comes in as ``now`` (seconds). ``bucket.lua`` (beside the
+``quota`` shell, which loads it) is the same model run atomically inside Redis on the
+server's clock; the two are kept in lock-step by the integration tests, which replay the
+script's decisions through this module and demand bit-identical states. Any change here
+must be made there too, operation for operation: both sides do the same IEEE-754 double
+arithmetic in the same order.
 
 Model. A bucket has a *baseline* level (``capacity``, refilled at ``rate`` per second)
 and an optional *burst* level (``burst_capacity``, refilled at ``burst_rate``), sharing

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from schemas import QuotaHint, RateLimitInfo
-from services.admission.bucket import QuotaDecision
+from services.admission.policy.bucket import QuotaDecision
 
 
 def hint_for(tenant: str, decision: QuotaDecision) -> QuotaHint | None:
