@@ -352,6 +352,7 @@ def test_the_builder_renders_what_kustomize_renders(overlay: str) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
     def by_kind_and_name(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return sorted(objects, key=lambda o: (o["kind"], o["metadata"]["name"]))
 
