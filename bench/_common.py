@@ -20,7 +20,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from schemas import (
-    EngineLimitsInfo,
     EngineStats,
     GpuStats,
     Priority,
@@ -31,6 +30,11 @@ from schemas import (
 from seawall.embedded import broker_process, free_port
 from services.common.bus import wait_for_broker
 from services.common.settings import CommonSettings
+
+# The record builders come from the test support package, beside bench/.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests import builders
 
 RESULTS = Path(__file__).parent / "results"
 EMBEDDED_BROKER = "embedded (Tansu, memory storage)"
@@ -105,19 +109,16 @@ def gpu_stats(
     worker: str, pool: str, at: float, temperature_c: float, memory_share: float = GPU_RESERVED
 ) -> GpuStats:
     """One GPU of ``GPU_TOTAL_BYTES``, ``memory_share`` of it in use."""
-    return GpuStats(
-        worker_id=worker,
-        pool=pool,
-        gpu_index=0,
+    return builders.gpu_stats(
+        worker,
+        at,
+        pool,
         name="bench-gpu",
         utilization_pct=80.0,
         memory_used_bytes=int(GPU_TOTAL_BYTES * memory_share),
         memory_total_bytes=GPU_TOTAL_BYTES,
         temperature_c=temperature_c,
         power_w=400.0,
-        power_limit_w=700.0,
-        simulated=True,
-        at=at,
     )
 
 
@@ -131,41 +132,25 @@ def engine_stats(
     kv_capacity_tokens: int,
 ) -> EngineStats:
     """A simulated engine running ``in_flight`` requests, none waiting."""
-    return EngineStats(
-        worker_id=worker,
-        pool=pool,
-        engine="sim",
+    return builders.engine_stats(
+        worker,
+        at,
+        pool,
         running=in_flight,
-        waiting=0,
-        preempted_total=0,
         kv_cache_usage=kv_cache_usage,
         in_flight=in_flight,
         batch_limit=64,
-        limits=EngineLimitsInfo(
-            max_num_seqs=64,
-            max_num_batched_tokens=8192,
-            block_size=16,
-            kv_capacity_tokens=kv_capacity_tokens,
-            gpu_memory_utilization=GPU_RESERVED,
+        limits=builders.engine_limits(
+            kv_capacity_tokens=kv_capacity_tokens, gpu_memory_utilization=GPU_RESERVED
         ),
-        at=at,
     )
 
 
 def heartbeat(
     worker: str, pool: str, at: float, *, in_flight: int, started_at: float
 ) -> WorkerHeartbeat:
-    return WorkerHeartbeat(
-        worker_id=worker,
-        pool=pool,
-        engine="sim",
-        status="serving",
-        in_flight=in_flight,
-        batch_limit=64,
-        host_cpu_pct=20.0,
-        host_memory_pct=30.0,
-        started_at=started_at,
-        at=at,
+    return builders.heartbeat(
+        worker, at, pool, in_flight=in_flight, batch_limit=64, started_at=started_at
     )
 
 

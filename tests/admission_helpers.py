@@ -17,7 +17,6 @@ from schemas import (
     ControlEvent,
     DeadLetter,
     DispatchedRequest,
-    EngineLimitsInfo,
     EngineStats,
     Evidence,
     InferenceRequest,
@@ -36,6 +35,7 @@ from services.common.bus import make_consumer, make_producer
 from services.common.control import ControlState
 from services.common.lifecycle import Component
 from services.common.settings import CommonSettings
+from tests import builders
 from tests.fleet import in_background
 
 EVIDENCE = Evidence(reason="test")
@@ -118,24 +118,22 @@ def engine_stats(
     preempted_total: int = 0,
     prefill_pending_tokens: int = 0,
 ) -> EngineStats:
-    return EngineStats(
-        worker_id=worker_id,
-        pool=pool,
+    return builders.engine_stats(
+        worker_id,
+        time.time(),
+        pool,
         engine="fake",
         running=in_flight,
-        waiting=0,
         preempted_total=preempted_total,
         kv_cache_usage=kv_cache_usage,
         in_flight=in_flight,
         batch_limit=batch_limit,
-        limits=EngineLimitsInfo(
+        limits=builders.engine_limits(
             max_num_seqs=batch_limit,
             max_num_batched_tokens=max_num_batched_tokens,
-            block_size=16,
             kv_capacity_tokens=kv_capacity_tokens,
             max_model_len=max_model_len,
         ),
-        at=time.time(),
         prefill_pending_tokens=prefill_pending_tokens,
     )
 
@@ -148,9 +146,10 @@ def heartbeat(
     in_flight: int = 0,
 ) -> WorkerHeartbeat:
     now = time.time()
-    return WorkerHeartbeat(
-        worker_id=worker_id,
-        pool=pool,
+    return builders.heartbeat(
+        worker_id,
+        now,
+        pool,
         engine="fake",
         status=status,
         in_flight=in_flight,
@@ -158,7 +157,6 @@ def heartbeat(
         host_cpu_pct=1.0,
         host_memory_pct=1.0,
         started_at=now,
-        at=now,
     )
 
 

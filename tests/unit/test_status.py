@@ -25,11 +25,11 @@ from schemas import (
     WorkerReport,
 )
 from schemas.base import Message
-from schemas.telemetry import EngineLimitsInfo
 from seawall import steer
 from seawall.events import describe
 from seawall.status import STALE_AFTER_S, FleetStatus, StatusFold, TopicLag, lags, render
 from seawall_client.serde import encode
+from tests import builders
 
 pytestmark = pytest.mark.unit
 
@@ -49,17 +49,8 @@ def heartbeat(
     batch_limit: int = 16,
     status: str = "serving",
 ) -> WorkerHeartbeat:
-    return WorkerHeartbeat(
-        worker_id=worker,
-        pool=pool,
-        engine="sim",
-        status=status,
-        in_flight=in_flight,
-        batch_limit=batch_limit,
-        host_cpu_pct=20.0,
-        host_memory_pct=30.0,
-        started_at=at - 100,
-        at=at,
+    return builders.heartbeat(
+        worker, at, pool, in_flight=in_flight, batch_limit=batch_limit, status=status
     )
 
 
@@ -74,39 +65,29 @@ def engine_stats(
     in_flight: int = 6,
     batch_limit: int = 16,
 ) -> EngineStats:
-    return EngineStats(
-        worker_id=worker,
-        pool=pool,
-        engine="sim",
+    return builders.engine_stats(
+        worker,
+        at,
+        pool,
         running=running,
         waiting=waiting,
-        preempted_total=0,
         kv_cache_usage=kv,
         in_flight=in_flight,
         batch_limit=batch_limit,
-        limits=EngineLimitsInfo(
-            max_num_seqs=64, max_num_batched_tokens=8192, block_size=16, kv_capacity_tokens=100_000
-        ),
-        at=at,
     )
 
 
 def gpu(
     worker: str, at: float, pool: str = "main", *, index: int = 0, temp: float = 60.0
 ) -> GpuStats:
-    return GpuStats(
-        worker_id=worker,
-        pool=pool,
+    return builders.gpu_stats(
+        worker,
+        at,
+        pool,
         gpu_index=index,
         name="sim-H100",
-        utilization_pct=75.0,
         memory_used_bytes=10**9,
-        memory_total_bytes=8 * 10**10,
         temperature_c=temp,
-        power_w=300.0,
-        power_limit_w=700.0,
-        simulated=True,
-        at=at,
     )
 
 

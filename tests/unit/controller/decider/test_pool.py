@@ -14,7 +14,6 @@ from schemas import (
     BreakerState,
     ControlEvent,
     DegradationLevel,
-    EngineLimitsInfo,
     EngineStats,
     GpuStats,
     WorkerHeartbeat,
@@ -25,6 +24,7 @@ from services.controller.decider.pool import Output, PoolDecider, memory_headroo
 from services.controller.decider.records import PoolRecord, Records, WorkerRecord
 from services.controller.policy import HeartbeatConfig
 from services.workers.summary import RequestSummarizer
+from tests import builders
 
 pytestmark = pytest.mark.unit
 
@@ -56,18 +56,8 @@ def heartbeat(
     status: Literal["serving", "stopped"] = "serving",
     incarnation: str = "first",
 ) -> WorkerHeartbeat:
-    return WorkerHeartbeat(
-        incarnation=incarnation,
-        worker_id=worker,
-        pool="main",
-        engine="sim",
-        status=status,
-        in_flight=0,
-        batch_limit=32,
-        host_cpu_pct=cpu,
-        host_memory_pct=30.0,
-        started_at=T0 - 100,
-        at=at,
+    return builders.heartbeat(
+        worker, at, host_cpu_pct=cpu, status=status, incarnation=incarnation, started_at=T0 - 100
     )
 
 
@@ -81,41 +71,29 @@ def engine_stats(
     waiting: int = 0,
     kv_cache_usage: float = 0.1,
 ) -> EngineStats:
-    return EngineStats(
-        worker_id=worker,
-        pool="main",
-        engine="sim",
-        running=0,
+    return builders.engine_stats(
+        worker,
+        at,
         waiting=waiting,
         preempted_total=preempted_total,
         kv_cache_usage=kv_cache_usage,
-        in_flight=0,
         batch_limit=batch_limit,
-        limits=EngineLimitsInfo(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=8192,
-            block_size=16,
-            kv_capacity_tokens=100_000,
-            gpu_memory_utilization=gpu_memory_utilization,
+        limits=builders.engine_limits(
+            max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization
         ),
-        at=at,
     )
 
 
 def gpu(worker: str, at: float, temperature_c: float = 60.0, memory_pct: float = 40.0) -> GpuStats:
-    return GpuStats(
-        worker_id=worker,
-        pool="main",
-        gpu_index=0,
+    return builders.gpu_stats(
+        worker,
+        at,
         name="sim",
         utilization_pct=50.0,
         memory_used_bytes=int(80 * GIB * memory_pct / 100),
         memory_total_bytes=80 * GIB,
         temperature_c=temperature_c,
-        power_w=300.0,
         power_limit_w=400.0,
-        simulated=True,
-        at=at,
     )
 
 
