@@ -11,7 +11,7 @@ import logging
 import sys
 
 from services.common.main import run_service
-from services.controller.app import Controller
+from services.controller.service import Controller
 from services.controller.settings import ControllerSettings
 
 

@@ -32,7 +32,7 @@ class ControllerSettings(CommonSettings):
     """A pool that got telemetry is evaluated at once, not at the next tick, but at most
     once per this (so a stream of records costs at most 1 / react_s evaluations a
     second, not one per record), or per four times the last evaluation's duration when
-    that is longer (``app.EVALUATION_REST``)."""
+    that is longer (``ticks.EVALUATION_REST``)."""
     controller_republish_s: float = Field(default=5.0, gt=0, le=3600)
     """How often the decisions in force are re-published (level-triggered)."""
     controller_valid_for_s: float = Field(default=60.0, gt=0, le=86_400)

@@ -38,7 +38,7 @@ from seawall_client.topics import Topics
 from services.common.bus import make_consumer, make_producer
 from services.common.control import ControlFollower, ControlState
 from services.common.settings import CommonSettings
-from services.controller.app import Controller
+from services.controller.service import Controller
 from services.controller.settings import ControllerSettings
 from services.workers.service import Worker
 from tests.fleet import dispatched, produce, sim_worker, until, worker_settings
@@ -348,7 +348,7 @@ async def test_telemetry_past_a_threshold_is_decided_at_once_not_at_the_next_tic
         control_log(settings, topics) as control,
         controller(settings, controller_tick_s=60.0) as running,
     ):
-        await until(lambda: running.ready, 30)
+        await until(lambda: running.pools.ready, 30)
         started = time.monotonic()
         while control.first(key, level_is(3)) is None:
             # the controller joins its group and reads from the end: send until it sees one

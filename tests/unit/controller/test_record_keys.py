@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pydantic import StringConstraints, TypeAdapter, ValidationError
 
 from schemas.base import Ident
-from services.controller.app import KEY_SEPARATOR, partition_by_pool, pool_key, worker_key
+from services.controller.keys import KEY_SEPARATOR, partition_by_pool, pool_key, worker_key
 
 pytestmark = pytest.mark.unit
 
