@@ -73,16 +73,16 @@ from services.admission.policy.routing import worker_share
 from services.admission.policy.scheduler import PriorityScheduler
 from services.admission.policy.sizing import engine_cost
 from services.admission.settings import AdmissionSettings
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.common.tokenizer import count_tokens
 from services.controller.decider.pool import Output, PoolDecider
 from services.controller.settings import ControllerSettings
-from services.workers.dispatches import ENGINE_PRIORITY, degraded_reason, max_output_tokens
 from services.workers.engine.base import FinishReason
 from services.workers.engine.sim_core import SimCore
-from services.workers.reports import gpu_stats, limits_info
+from services.workers.policy.dispatches import ENGINE_PRIORITY, degraded_reason, max_output_tokens
+from services.workers.policy.reports import gpu_stats, limits_info
+from services.workers.policy.summary import RequestSummarizer
 from services.workers.settings import WorkerSettings
-from services.workers.summary import RequestSummarizer
 
 POOLS: Final = ("main", "small")
 REPLY_TO: Final = "bench.incident.replies"

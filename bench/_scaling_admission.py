@@ -49,8 +49,8 @@ from services.admission.quota import RedisQuota, quota_key
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_producer, topics_of
 from services.common.settings import CommonSettings
-from services.ingress.keys import DEFAULT_POLICY, disabled_at, generate_key
 from services.ingress.keystore import AuditLog, KeyStore
+from services.ingress.policy.keys import DEFAULT_POLICY, disabled_at, generate_key
 
 TENANTS = (10, 10_000, 100_000)
 INTAKE_BATCH: int = AdmissionSettings.model_fields["intake_batch"].default

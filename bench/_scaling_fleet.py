@@ -37,8 +37,8 @@ from schemas import WorkerReport
 from seawall_client.serde import encode
 from services.common.bus import make_producer
 from services.common.settings import CommonSettings
+from services.workers.policy.summary import RequestSummarizer
 from services.workers.settings import WorkerSettings
-from services.workers.summary import RequestSummarizer
 
 SLOTS = 50
 """The telemetry interval is cut into this many slots; each worker sends in its own."""

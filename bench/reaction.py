@@ -90,9 +90,10 @@ from schemas import (
 from seawall_client.kafka import ensure_topics
 from seawall_client.serde import encode
 from services.common.bus import make_producer, topics_of
-from services.common.control import ControlFollower, ControlState
+from services.common.control import ControlFollower
+from services.common.control_state import ControlState
 from services.common.settings import CommonSettings
-from services.workers.summary import RequestSummarizer
+from services.workers.policy.summary import RequestSummarizer
 
 ROLES = ("admission", "worker")
 POOL = "main"

@@ -2,7 +2,7 @@
 
 Reads the control topic from the beginning with no consumer group (it changes nothing
 on the broker), applies the rule every consumer applies (per ``<kind>/<scope>`` the
-highest ``seq`` wins, see ``services.common.control``) and prints each decision as it
+highest ``seq`` wins, see ``services.common.control_state``) and prints each decision as it
 was made, with its evidence. Re-publications of a decision already in force (same
 decision, higher ``seq``) and stale duplicates are not printed again. Once caught up it
 shows the decisions in force; ``follow`` keeps printing new decisions until Ctrl-C.
@@ -36,7 +36,7 @@ from schemas import (
 )
 from seawall_client.serde import CONTROL, DecodeError, decode
 from services.common.bus import make_consumer, topics_of
-from services.common.control import ControlState, in_force
+from services.common.control_state import ControlState, in_force
 from services.common.settings import CommonSettings
 
 _KIND_TYPES: tuple[type[ControlEvent], ...] = get_args(get_args(ControlEvent)[0])
@@ -126,7 +126,7 @@ def evidence_text(evidence: Evidence) -> str:
 
 def expired(event: ControlEvent, now: float) -> bool:
     """Past its ``valid_for_s`` without a re-publication: the controller may be gone,
-    and the services have dropped it (``services.common.control``)."""
+    and the services have dropped it (``services.common.control_state``)."""
     return not in_force(event, now)
 
 

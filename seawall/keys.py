@@ -35,8 +35,8 @@ from seawall_client.kafka import ensure_topics
 from seawall_client.topics import RedisKeys
 from services.common.bus import make_producer, topics_of
 from services.common.redisclient import make_redis
-from services.ingress.keys import IssuedKey, KeyRecord, disabled_at, phase
 from services.ingress.keystore import AuditLog, KeyNotFound, KeyStore, TenantPolicy
+from services.ingress.policy.keys import IssuedKey, KeyRecord, disabled_at, phase
 from services.ingress.settings import IngressSettings, safe_name
 
 T = TypeVar("T")

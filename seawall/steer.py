@@ -39,7 +39,7 @@ from seawall_client.kafka import ensure_topics
 from seawall_client.serde import CONTROL, DecodeError, decode, encode
 from seawall_client.topics import canary_pool
 from services.common.bus import make_consumer, make_producer, topics_of
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.common.settings import CommonSettings
 
 MAX_TTL_S = 86_400.0

@@ -32,7 +32,7 @@ from services.admission.policy.cost import NO_COST, Cost
 from services.admission.policy.workers import WorkerStatus
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_consumer, make_producer
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.common.lifecycle import Component
 from services.common.settings import CommonSettings
 from tests import builders

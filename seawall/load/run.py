@@ -29,8 +29,8 @@ from seawall.load import display, profiles, stats
 from seawall.load.profiles import PlannedRequest, Tenant
 from seawall_client import ClientStats, ReplyRouterClosed, RetryPolicy, SeawallClient
 from seawall_client.retry import attempt_of
-from services.ingress.keys import IssuedKey
 from services.ingress.keystore import KeyStore
+from services.ingress.policy.keys import IssuedKey
 from services.ingress.settings import IngressSettings
 
 REFRESH_S = 0.5

@@ -31,7 +31,7 @@ from schemas import (
 )
 from seawall.events import describe, expired
 from seawall_client.serde import CONTROL, TELEMETRY, DecodeError, decode
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.controller.settings import ControllerSettings
 
 STALE_AFTER_S: float = ControllerSettings.model_fields["controller_heartbeat_timeout_s"].default

@@ -17,7 +17,7 @@ from schemas import BreakerState, ControlEvent, QuotaOverride
 from services.admission.hint_publisher import HintPublisher
 from services.admission.policy.capacity import FleetCapacity
 from services.admission.policy.routing import worker_share
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from services.admission.policy.bucket import TierConfig
 from services.admission.policy.decisions import AdmissionPolicy
 from services.admission.quota import QuotaUnavailable, RedisQuota
 from services.common.consuming import Record
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
 
 log = logging.getLogger(__name__)

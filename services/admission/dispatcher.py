@@ -36,7 +36,7 @@ from services.admission.policy.outcomes import Admit, Reply
 from services.admission.policy.round_budget import Placement
 from services.admission.policy.scheduler import PriorityScheduler
 from services.admission.policy.sizing import engine_cost
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import wait_set
 from services.common.offsets import OffsetTracker

@@ -21,7 +21,7 @@ from services.admission import metrics as m
 from services.admission.policy.bucket import QuotaDecision
 from services.admission.policy.hints import HintThrottle, clear_hint, hint_for
 from services.admission.policy.overrides import override_terms, quota_override
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.common.failures import is_infrastructure
 
 

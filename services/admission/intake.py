@@ -45,7 +45,7 @@ from services.admission.quota import QuotaUnavailable, RedisQuota, on_redis_down
 from services.admission.settings import AdmissionSettings
 from services.common.bus import commit_done
 from services.common.consuming import Record, observe_lag, retry_unavailable
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.common.delivery import Replies
 from services.common.failures import Backoff
 from services.common.offsets import OffsetTracker

@@ -56,7 +56,8 @@ from services.admission.settings import AdmissionSettings
 from services.admission.telemetry import TelemetryTail
 from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.consuming import ConsumerLoop
-from services.common.control import ControlFollower, ControlState
+from services.common.control import ControlFollower
+from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
 from services.common.delivery import Replies, TopicDirectory
 from services.common.failures import Backoff

@@ -1,62 +1,32 @@
-"""Following the controller: apply control events idempotently by sequence, trust them
-only while they are valid, and know how old the state in force is.
+"""Following the controller: tail the control topic into a ``ControlState``
+(``services.common.control_state``), tell the service what changed and what expired, and
+count and log both.
 
 Admission and workers both read the control topic from the beginning with no consumer
-group (every instance needs every decision). Apache Kafka compacts the topic to the
-latest event per key; the embedded broker does not, and duplicates come with
-at-least-once delivery and controller re-publication, so ``ControlState`` keeps, per
-``control_key``, the event with the highest ``seq`` (latest wins) and ignores the rest.
-
-A decision is in force until ``issued_at + valid_for_s`` (the controller re-publishes
-the decisions in force every few seconds, each time extending ``valid_for_s``). Past
-that the controller has fallen silent, and a decision it can no longer vouch for
-("reject new work", "static replies") must not stay in force for ever: the services
-``expire`` it — it is dropped, counted (``seawall_control_expired_total``) and logged,
-and whoever applied it falls back to the default. The times are the controller's and
-the consumer's wall clocks: keep them in sync (NTP), as ``valid_for_s`` (60 s by
-default) is meant to be far above any skew. The CLI's views keep expired decisions
-(``in_force_only=False``) and show them as such.
+group (every instance needs every decision). A decision that expires without a
+re-publication is counted (``seawall_control_expired_total``) and logged: at warning when
+the controller's (it has stopped), at info when an operator's (its time ran out).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Callable
-from typing import TypeVar, cast
 
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge
 
-from schemas import BreakerLevel, BreakerState, ControlEvent
-from seawall_client.clock import SYSTEM_CLOCK, Clock
+from schemas import ControlEvent
 from seawall_client.kafka import close
 from seawall_client.serde import CONTROL, decode
 from services.common.bus import make_consumer
 from services.common.consuming import ConsumerLoop, Record
+from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.lifecycle import Component
 from services.common.settings import CommonSettings
 
 log = logging.getLogger(__name__)
-
-E = TypeVar("E", bound=ControlEvent)
-
-#: Worker-breaker causes that take the worker out of its pool until its half-open probes
-#: pass (DESIGN: a worker that stops sending heartbeats, or whose errors trip the
-#: breaker, is isolated).
-ISOLATING_CAUSES: frozenset[str] = frozenset({"heartbeat", "error_rate", "half_open_probe"})
-
-
-def isolates(breaker: BreakerState) -> bool:
-    """Whether a worker's breaker state removes the worker from its pool: open with an
-    isolating cause, or open at level 3 or 4 (reject new, restart). Admission then gives
-    it no share of the pool's work, and the worker leaves its consumer group so that its
-    partitions go to the others. A latency trip alone (level 2) only paces it."""
-    return breaker.state == "open" and (
-        breaker.level >= BreakerLevel.REJECT_NEW or not ISOLATING_CAUSES.isdisjoint(breaker.tripped)
-    )
-
 
 CONTROL_EVENTS = Counter(
     "seawall_control_events_total", "Control events read, by outcome", ["kind", "outcome"]
@@ -71,91 +41,25 @@ CONTROL_AGE = Gauge(
 )
 
 
-def in_force(event: ControlEvent, now: float) -> bool:
-    """Whether ``event`` may still be trusted at ``now`` (epoch seconds)."""
-    return now < event.issued_at + event.valid_for_s
-
-
-class ControlState:
-    """The latest control event per key. Pure: no I/O, time from the injected clock.
-
-    With ``in_force_only`` (services), ``get`` and ``all`` see only decisions still in
-    force, and ``expire`` drops the others; without it (the CLI's views) they see the
-    latest event per key whatever its age."""
-
-    def __init__(self, clock: Clock = SYSTEM_CLOCK, *, in_force_only: bool = True) -> None:
-        self._clock = clock
-        self._in_force_only = in_force_only
-        self._latest: dict[str, ControlEvent] = {}
-        self._kinds: defaultdict[str, dict[str, ControlEvent]] = defaultdict(dict)
-        """``_latest`` by kind: ``all`` is asked per request, and a fleet holds a
-        decision per worker."""
-        self._floor: dict[str, int] = {}
-        """Per key, the ``seq`` of the last expired event: nothing older comes back."""
-        self._last_heard: float | None = None
-
-    def apply(self, event: ControlEvent) -> bool:
-        """Keep ``event`` if it is newer than what is held for its key; True if it was."""
-        self._last_heard = self._clock.monotonic()
-        key = event.control_key
-        current = self._latest.get(key)
-        if current is not None and current.seq >= event.seq:
-            return False
-        if event.seq <= self._floor.get(key, -1):
-            return False
-        self._latest[key] = event
-        self._kinds[event.kind][key] = event
-        return True
-
-    def _visible(self, event: ControlEvent | None) -> bool:
-        return event is not None and (
-            not self._in_force_only or in_force(event, self._clock.time())
-        )
-
-    def get(self, kind: type[E], scope: str) -> E | None:
-        event = self._latest.get(f"{kind.model_fields['kind'].default}/{scope}")
-        return event if isinstance(event, kind) and self._visible(event) else None
-
-    def all(self, kind: type[E]) -> list[E]:
-        events = cast(dict[str, E], self._kinds.get(kind.model_fields["kind"].default, {}))
-        if not self._in_force_only:
-            return list(events.values())
-        now = self._clock.time()
-        return [e for e in events.values() if in_force(e, now)]
-
-    def expire(self) -> list[ControlEvent]:
-        """Drop the decisions whose validity has run out (counted and logged); return
-        them, so that whoever applied one can fall back to its default."""
-        now = self._clock.time()
-        gone = [e for e in self._latest.values() if not in_force(e, now)]
-        for event in gone:
-            del self._latest[event.control_key]
-            del self._kinds[event.kind][event.control_key]
-            self._floor[event.control_key] = event.seq
-            CONTROL_EXPIRED.labels(event.kind).inc()
-            # The controller re-publishes what it decided: one of its decisions running
-            # out means it stopped. An operator's (``seawall quota``, ``seawall region``)
-            # runs out at the end of the time it was given.
-            by_controller = event.issuer == "controller"
-            log.log(
-                logging.WARNING if by_controller else logging.INFO,
-                "a control decision expired without a re-publication; back to the default"
-                if by_controller
-                else "an operator's decision ran out; back to the default",
-                extra={
-                    "key": event.control_key,
-                    "seq": event.seq,
-                    "issued_at": event.issued_at,
-                    "valid_for_s": event.valid_for_s,
-                },
-            )
-        return gone
-
-    def age_s(self) -> float | None:
-        """Seconds since any control event was last read (``None``: never)."""
-        if self._last_heard is None:
-            return None
-        return self._clock.monotonic() - self._last_heard
+def report_expired(event: ControlEvent) -> None:
+    """Count and log a decision that ran out without a re-publication."""
+    CONTROL_EXPIRED.labels(event.kind).inc()
+    # The controller re-publishes what it decided: one of its decisions running
+    # out means it stopped. An operator's (``seawall quota``, ``seawall region``)
+    # runs out at the end of the time it was given.
+    by_controller = event.issuer == "controller"
+    log.log(
+        logging.WARNING if by_controller else logging.INFO,
+        "a control decision expired without a re-publication; back to the default"
+        if by_controller
+        else "an operator's decision ran out; back to the default",
+        extra={
+            "key": event.control_key,
+            "seq": event.seq,
+            "issued_at": event.issued_at,
+            "valid_for_s": event.valid_for_s,
+        },
+    )
 
 
 class ControlFollower(Component):
@@ -217,6 +121,7 @@ class ControlFollower(Component):
 
     def _expire(self) -> None:
         for event in self.state.expire():
+            report_expired(event)
             if self._on_expire is not None:
                 self._on_expire(event)
         age = self.state.age_s()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from schemas import CanaryRelease, Evidence, TrafficSplit
 from seawall_client.topics import canary_pool
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.controller.decider.evidence import republished, wire_evidence
 from services.controller.decider.pool import PoolDecider
 from services.controller.policy.alerts import Condition

@@ -28,7 +28,7 @@ from seawall_client.kafka import close, start_tail
 from seawall_client.serde import ARRIVALS, decode, encode
 from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.consuming import ConsumerLoop, Record
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.common.deadletters import failure_of
 from services.common.lifecycle import Component
 from services.controller.decider.evidence import republished, wire_evidence

@@ -52,7 +52,8 @@ from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.kafka import close, ensure_topics
 from seawall_client.serde import encode
 from services.common.bus import make_producer, topics_of
-from services.common.control import ControlFollower, ControlState
+from services.common.control import ControlFollower
+from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
 from services.common.lifecycle import Component, cancel_tasks
 from services.controller.canaries import CanaryReleases

@@ -25,7 +25,7 @@ from schemas import ControlEvent
 from seawall_client.clock import Clock
 from seawall_client.serde import encode
 from seawall_client.topics import Topics
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.common.lifecycle import wait_set
 from services.controller import metrics as m
 from services.controller.alerting import conditions

@@ -11,8 +11,8 @@ from starlette.requests import HTTPConnection
 from schemas import ClientMeta, InferenceRequest
 from seawall_client.clock import Clock
 from services.ingress import openai as oai
-from services.ingress.filters.geo import client_address
 from services.ingress.pipeline import IngressPipeline, Principal
+from services.ingress.policy.filters.geo import client_address
 from services.ingress.refusals import Refusal
 
 

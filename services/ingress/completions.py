@@ -22,9 +22,9 @@ from services.ingress import openai as oai
 from services.ingress.admit import Admitted, admit_body, bearer, source_of
 from services.ingress.answers import SseResponse, Waiter, json_reply, stream_reply
 from services.ingress.errors import refused
-from services.ingress.filters.body import check_declared_length
 from services.ingress.front import front_of
 from services.ingress.pipeline import IngressPipeline
+from services.ingress.policy.filters.body import check_declared_length
 from services.ingress.refusals import Refusal, body_too_large, invalid
 
 TIMEOUT_HEADER = "x-seawall-timeout"

@@ -1,5 +1,5 @@
 """Tails ``llm.quota.hints`` into the pipeline's ``QuotaHints`` (the imperative shell of
-``services.ingress.hints``).
+``services.ingress.policy.hints``).
 
 Groupless, from the end of the topic: every ingress instance needs every hint, and a
 hint older than a start is of no use (admission publishes a fresh one at the tenant's
@@ -20,7 +20,7 @@ from services.common.deadletters import failure_of
 from services.common.lifecycle import Component
 from services.common.settings import CommonSettings
 from services.ingress import metrics as m
-from services.ingress.hints import QuotaHints
+from services.ingress.policy.hints import QuotaHints
 
 log = logging.getLogger(__name__)
 

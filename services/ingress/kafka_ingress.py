@@ -52,8 +52,8 @@ from services.common.deadletters import DeadLetters, failure_of
 from services.common.delivery import Replies, Undeliverable
 from services.common.lifecycle import Component
 from services.ingress import metrics as m
-from services.ingress.keys import KeyRecord
 from services.ingress.pipeline import Forged, IngressPipeline
+from services.ingress.policy.keys import KeyRecord
 from services.ingress.refusals import Refusal
 from services.ingress.settings import IngressSettings
 

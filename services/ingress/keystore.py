@@ -41,7 +41,7 @@ from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.serde import encode
 from seawall_client.topics import RedisKeys
 from services.common.sensitive import SensitivePolicy
-from services.ingress.keys import (
+from services.ingress.policy.keys import (
     DEFAULT_POLICY,
     IssuedKey,
     KeyRecord,

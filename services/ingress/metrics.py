@@ -8,7 +8,7 @@ from collections import deque
 from prometheus_client import Counter, Gauge, Histogram
 
 from seawall_client.clock import SYSTEM_CLOCK, Clock
-from services.ingress.filters.prompt_length import PROMPT_TOKEN_BUCKETS, is_long
+from services.ingress.policy.filters.prompt_length import PROMPT_TOKEN_BUCKETS, is_long
 
 WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 8, 13, 20, 30, 60, 120)
 

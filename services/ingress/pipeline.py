@@ -49,12 +49,12 @@ from services.common.tokenizer import count_tokens
 from services.ingress import metrics as m
 from services.ingress.arrivals import ArrivalCounter
 from services.ingress.denials import DenialAudit, FailureLimiter
-from services.ingress.filters.body import check_body
-from services.ingress.filters.geo import RegionTable, parse_ip
-from services.ingress.filters.useragent import UserAgentBlacklist
-from services.ingress.hints import QuotaHints
-from services.ingress.keys import Action, KeyDecision, KeyRecord, check, verify
 from services.ingress.keystore import KeyStore, TenantPolicy
+from services.ingress.policy.filters.body import check_body
+from services.ingress.policy.filters.geo import RegionTable, parse_ip
+from services.ingress.policy.filters.useragent import UserAgentBlacklist
+from services.ingress.policy.hints import QuotaHints
+from services.ingress.policy.keys import Action, KeyDecision, KeyRecord, check, verify
 from services.ingress.refusals import Refusal, body_too_large, invalid, over_quota, param_of
 from services.ingress.settings import IngressSettings
 

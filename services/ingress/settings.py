@@ -16,9 +16,9 @@ from pydantic_settings import NoDecode
 
 from schemas.base import Ident
 from services.common.settings import CommonSettings
-from services.ingress.filters.body import DEFAULT_MAX_BODY_BYTES
-from services.ingress.filters.geo import RegionTable
-from services.ingress.filters.useragent import DEFAULT_SUBSTRINGS
+from services.ingress.policy.filters.body import DEFAULT_MAX_BODY_BYTES
+from services.ingress.policy.filters.geo import RegionTable
+from services.ingress.policy.filters.useragent import DEFAULT_SUBSTRINGS
 
 DEV_PEPPER = "seawall-development-pepper"
 """The pepper of ``SEAWALL_DEV_MODE``: fine on a laptop, never in production (the CLI and

@@ -31,10 +31,10 @@ from services.common.failures import Backoff, is_infrastructure
 from services.workers import metrics as m
 from services.workers.claims import Claims
 from services.workers.engine.base import RequestRefused
+from services.workers.policy.summary import RequestSummarizer
 from services.workers.runs import CLAIM_MARGIN_S, InHand, Run
 from services.workers.settings import WorkerSettings
 from services.workers.shadowing import Shadowing
-from services.workers.summary import RequestSummarizer
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from seawall_client.clock import Clock
 from seawall_client.serde import encode
 from seawall_client.topics import Topics
 from services.common.consuming import retry_unavailable
-from services.common.control import ControlState, isolates
+from services.common.control_state import ControlState, isolates
 from services.common.failures import Backoff
 from services.workers.engine.base import Engine
 from services.workers.profiling import Profiles, answer

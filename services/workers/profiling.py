@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from schemas import Evidence, Profile
-from services.common.control import in_force
+from services.common.control_state import in_force
 
 log = logging.getLogger(__name__)
 

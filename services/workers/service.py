@@ -66,7 +66,8 @@ from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.kafka import close, ensure_topics
 from seawall_client.topics import RedisKeys
 from services.common.bus import make_producer, topics_of
-from services.common.control import ControlFollower, ControlState
+from services.common.control import ControlFollower
+from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
 from services.common.delivery import Replies, TopicDirectory
 from services.common.lifecycle import Component, cancel_tasks
@@ -81,11 +82,11 @@ from services.workers.engine.validate import validate_limits
 from services.workers.fetching import Fetching
 from services.workers.gpu import GpuProbe
 from services.workers.leases import Leases
+from services.workers.policy.summary import RequestSummarizer
 from services.workers.runs import InHand
 from services.workers.serving import Serving
 from services.workers.settings import WorkerSettings
 from services.workers.shadowing import Shadowing
-from services.workers.summary import RequestSummarizer
 from services.workers.telemetry import Status, Telemetry
 
 log = logging.getLogger(__name__)

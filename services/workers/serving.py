@@ -31,11 +31,11 @@ from services.common.offsets import OffsetTracker
 from services.common.tokenizer import count_tokens
 from services.workers import metrics as m
 from services.workers.answers import Answers
-from services.workers.chunker import Chunk, Coalescer
 from services.workers.claims import Busy, Done, Held
-from services.workers.dispatches import REPLY_TEXT_LIMIT, degraded_reason, engine_request_for
 from services.workers.engine.base import Engine, EngineError
 from services.workers.leases import Leases
+from services.workers.policy.chunker import Chunk, Coalescer
+from services.workers.policy.dispatches import REPLY_TEXT_LIMIT, degraded_reason, engine_request_for
 from services.workers.runs import InHand, Retry, Run
 from services.workers.settings import WorkerSettings
 from services.workers.shadowing import Shadowing

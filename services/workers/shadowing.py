@@ -19,11 +19,11 @@ from seawall_client.serde import encode
 from seawall_client.topics import Topics
 from services.common.failures import is_infrastructure
 from services.workers import metrics as m
-from services.workers.consistency import Comparison
 from services.workers.engine.base import Engine, EngineError
+from services.workers.policy.consistency import Comparison
+from services.workers.policy.summary import RequestSummarizer
 from services.workers.settings import WorkerSettings
 from services.workers.shadows import run_shadow, shadow_for, shadow_key, shadow_partition
-from services.workers.summary import RequestSummarizer
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from collections.abc import Iterable
 from typing import Final, Literal
 
 from schemas import DispatchedRequest, InferenceReply, ReplyStatus, ShadowOf
-from services.workers.consistency import Comparison, compare, fingerprint
-from services.workers.dispatches import REPLY_TEXT_LIMIT, engine_request_for
 from services.workers.engine.base import Engine, RequestRefused
+from services.workers.policy.consistency import Comparison, compare, fingerprint
+from services.workers.policy.dispatches import REPLY_TEXT_LIMIT, engine_request_for
 
 SHADOW_MAX_AGE_S: Final = 30.0
 """A shadow taken later than this after it was sent is dropped, not run."""

@@ -25,10 +25,10 @@ from services.common.failures import is_infrastructure
 from services.workers import metrics as m
 from services.workers.engine.base import Engine
 from services.workers.gpu import GpuProbe
-from services.workers.reports import gpu_stats, limits_info
+from services.workers.policy.reports import gpu_stats, limits_info
+from services.workers.policy.summary import RequestSummarizer
 from services.workers.runs import InHand
 from services.workers.settings import WorkerSettings
-from services.workers.summary import RequestSummarizer
 
 Status = Literal["starting", "serving", "draining", "stopped"]
 """What the worker's heartbeat says it is doing."""

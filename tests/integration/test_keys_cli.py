@@ -17,7 +17,7 @@ from seawall_client import signing
 from seawall_client.topics import RedisKeys, Topics
 from services.common.bus import make_consumer
 from services.common.settings import CommonSettings
-from services.ingress.keys import hash_key
+from services.ingress.policy.keys import hash_key
 
 pytestmark = pytest.mark.integration
 

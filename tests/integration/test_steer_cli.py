@@ -13,7 +13,8 @@ from schemas import QuotaOverride, RegionThrottle
 from seawall_client.kafka import ensure_topics
 from seawall_client.topics import Topics
 from services.admission.policy.overrides import quota_override, region_throttle
-from services.common.control import ControlFollower, ControlState
+from services.common.control import ControlFollower
+from services.common.control_state import ControlState
 from services.common.settings import CommonSettings
 from tests.fleet import until
 

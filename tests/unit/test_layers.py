@@ -19,12 +19,13 @@ CLIENT_DEPENDENCIES = {"aiokafka", "pydantic", "pydantic_core", "schemas", "seaw
 
 
 def imports(path: Path) -> Iterator[str]:
-    """The absolute module names ``path`` imports, at any depth of its code."""
+    """The absolute names ``path`` imports, at any depth of its code (``from m import x``
+    gives ``m.x``: ``x`` may be a module)."""
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            yield node.module
+            yield from (f"{node.module}.{a.name}" for a in node.names)
 
 
 def sources(folder: str) -> list[Path]:
@@ -62,4 +63,55 @@ def test_no_service_imports_another_and_common_imports_none() -> None:
             parts = name.split(".")
             if parts[0] == "services" and len(parts) > 1 and parts[1] not in {own, "common"}:
                 strays.add(f"{path.relative_to(ROOT)}: {name}")
+    assert strays == set()
+
+
+POLICY_MAY_IMPORT = {
+    "pydantic",
+    "ddsketch",
+    "schemas",
+    "seawall_client.clock",
+    "seawall_client.signing",
+    "seawall_client.topics",
+    "services.common.control_state",
+    "services.common.sketch",
+    "services.common.tokenizer",
+    "services.workers.engine.base",
+}
+"""What a policy module may import besides its own ``policy`` package and the standard
+library: the wire contract and other pure modules (no I/O, no clock reads)."""
+STDLIB_WITH_EFFECTS = {
+    "asyncio",
+    "datetime",
+    "http",
+    "logging",
+    "os",
+    "select",
+    "socket",
+    "ssl",
+    "subprocess",
+    "threading",
+    "time",
+    "urllib.request",
+}
+"""Standard modules that do I/O or read the clock: a policy takes ``now`` and returns
+what to do, and its shell does the rest."""
+
+
+def test_every_policy_module_is_pure() -> None:
+    policies = sorted((ROOT / "services").glob("*/policy"))
+    assert {p.parent.name for p in policies} == {"admission", "controller", "ingress", "workers"}
+    strays = set()
+    for folder in policies:
+        own = f"services.{folder.parent.name}.policy"
+        for path in sorted(folder.rglob("*.py")):
+            for name in imports(path):
+                top = name.split(".")[0]
+                if name.startswith((f"{own}.", "__future__.")):
+                    continue
+                if top in sys.stdlib_module_names:
+                    if top in STDLIB_WITH_EFFECTS or name in STDLIB_WITH_EFFECTS:
+                        strays.add(f"{path.relative_to(ROOT)}: {name}")
+                elif not any(name == m or name.startswith(f"{m}.") for m in POLICY_MAY_IMPORT):
+                    strays.add(f"{path.relative_to(ROOT)}: {name}")
     assert strays == set()

@@ -8,7 +8,7 @@ from schemas import Tier
 from seawall import steer
 from services.admission.policy.bucket import DEFAULT_TIERS
 from services.admission.policy.overrides import overridden
-from services.common.control import in_force
+from services.common.control_state import in_force
 
 pytestmark = pytest.mark.unit
 

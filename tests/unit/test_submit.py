@@ -7,7 +7,7 @@ import pytest
 
 from schemas import ChatMessage, InferenceReply, ReasonCode, ReplyStatus
 from seawall.submit import Submitted, check_key, request_input, summary_line
-from services.ingress.keys import generate_key
+from services.ingress.policy.keys import generate_key
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@
 The control topic is keyed by ``control_key`` (``<kind>/<scope>``) and compacted in
 Apache Kafka, so a consumer that starts at any point converges on the latest decision
 per key. The embedded broker never compacts, so consumers must not rely on it either:
-they apply events by ``seq`` (latest wins, see ``services.common.control``), and the
+they apply events by ``seq`` (latest wins, see ``services.common.control_state``), and the
 controller re-publishes the state in force periodically (level-triggered).
 """
 

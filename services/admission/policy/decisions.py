@@ -49,7 +49,7 @@ undegraded to a pool with its breaker closed carries a ``ShadowOrder``: once ans
 its worker has another worker re-run it and compare (``services.workers.shadows``).
 
 Control events are trusted until replaced or until their ``valid_for_s`` runs out
-(``services.common.control``): a controller that falls silent leaves its decisions in
+(``services.common.control_state``): a controller that falls silent leaves its decisions in
 force for at most that long, then every pool is back to the defaults above.
 """
 
@@ -88,7 +88,7 @@ from services.admission.policy.overrides import (
 from services.admission.policy.routing import PoolGate, PoolRouting, canaries_of, sticky_point
 from services.admission.policy.sizing import NO_LIMITS, fits, prompt_tokens
 from services.admission.policy.ttft import PoolForecast, predict
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 
 #: Where a quota-degraded request waits: one class lower.
 DEMOTED: Mapping[Priority, Priority] = {

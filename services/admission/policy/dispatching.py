@@ -42,7 +42,7 @@ from services.admission.policy.outcomes import Accepted
 from services.admission.policy.round_budget import Placement, PoolView, RoundBudget
 from services.admission.policy.scheduler import ClassLoad, PriorityScheduler
 from services.admission.policy.ttft import PoolForecast
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 
 
 class Waiting(Protocol):

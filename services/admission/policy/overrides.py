@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from schemas import QuotaOverride, RegionThrottle
 from services.admission.policy.bucket import TierConfig
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 
 
 def region_bucket(region: str) -> str:

@@ -47,7 +47,7 @@ from schemas import (
 from seawall_client.topics import base_pool
 from services.admission.policy.config import PolicyConfig
 from services.admission.policy.sizing import NO_LIMITS, fits, sequence_tokens
-from services.common.control import ControlState, isolates
+from services.common.control_state import ControlState, isolates
 
 E = TypeVar("E", BreakerState, DegradationLevel)
 

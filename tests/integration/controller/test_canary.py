@@ -20,7 +20,7 @@ from services.admission.policy.config import PolicyConfig
 from services.admission.policy.decisions import AdmissionPolicy
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_producer
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.common.settings import CommonSettings
 from tests.fleet import dispatched, in_background, until
 from tests.integration.controller.test_controller import alerts_on, control_log, controller, worker

@@ -36,7 +36,8 @@ from seawall_client.kafka import ensure_topics
 from seawall_client.serde import ALERT, decode, encode
 from seawall_client.topics import Topics
 from services.common.bus import make_consumer, make_producer
-from services.common.control import ControlFollower, ControlState
+from services.common.control import ControlFollower
+from services.common.control_state import ControlState
 from services.common.settings import CommonSettings
 from services.controller.service import Controller
 from services.controller.settings import ControllerSettings

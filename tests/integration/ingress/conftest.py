@@ -22,8 +22,8 @@ from seawall_client.topics import RedisKeys, Topics
 from services.common.bus import make_consumer, make_producer
 from services.common.sensitive import SensitivePolicy
 from services.common.settings import CommonSettings
-from services.ingress.keys import DAY_S
 from services.ingress.keystore import AuditLog, KeyStore
+from services.ingress.policy.keys import DAY_S
 from services.ingress.service import IngressService
 from services.ingress.settings import IngressSettings
 

@@ -8,7 +8,7 @@ from schemas import BreakerState, WorkerReport
 from services.controller.alerting import conditions
 from services.controller.decider.config import DeciderConfig
 from services.controller.policy import HeartbeatConfig
-from services.workers.summary import RequestSummarizer
+from services.workers.policy.summary import RequestSummarizer
 from tests.unit.controller.decider.test_pool import T0, Fleet, gpu, heartbeat
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from schemas import CanaryRelease, Evidence, TrafficSplit
 from seawall_client.clock import ManualClock
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from services.controller.canaries import CanaryReleases, reference_of, weights
 
 NOW = 1_000_000.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from seawall_client.clock import ManualClock
-from services.ingress.filters.prompt_length import LONG_PROMPT_TOKENS
 from services.ingress.metrics import LongPromptShare
+from services.ingress.policy.filters.prompt_length import LONG_PROMPT_TOKENS
 
 pytestmark = pytest.mark.unit
 

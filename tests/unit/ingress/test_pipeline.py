@@ -18,10 +18,10 @@ from schemas import (
     Tier,
 )
 from services.common.tokenizer import count_tokens
-from services.ingress.keys import DAY_S, KeyRecord, check
 from services.ingress.keystore import TenantPolicy
 from services.ingress.openai import error_for_refusal
 from services.ingress.pipeline import Principal
+from services.ingress.policy.keys import DAY_S, KeyRecord, check
 from services.ingress.refusals import Refusal
 from tests.unit.ingress.conftest import Parts
 

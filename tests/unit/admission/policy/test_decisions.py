@@ -39,7 +39,7 @@ from services.admission.policy.outcomes import Accepted, Admit, Reply, Screened
 from services.admission.policy.overrides import region_bucket
 from services.admission.policy.routing import worker_share
 from services.admission.quota import on_redis_down
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ from services.admission.policy.decisions import AdmissionPolicy
 from services.admission.policy.dispatching import pick, take_oldest
 from services.admission.policy.scheduler import PriorityScheduler
 from services.admission.policy.workers import CapacityConfig
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from tests.admission_helpers import Item
 
 pytestmark = pytest.mark.unit

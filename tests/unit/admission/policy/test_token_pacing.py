@@ -20,7 +20,7 @@ from services.admission.policy.dispatching import pick
 from services.admission.policy.round_budget import RoundBudget
 from services.admission.policy.scheduler import PriorityScheduler
 from services.admission.policy.workers import CapacityConfig
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from tests.admission_helpers import Item, engine_stats, heartbeat
 
 pytestmark = pytest.mark.unit

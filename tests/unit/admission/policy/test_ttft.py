@@ -19,7 +19,7 @@ from services.admission.policy.dispatching import SCAVENGER, Lane, forecasts
 from services.admission.policy.outcomes import Reply, Screened
 from services.admission.policy.ttft import PoolForecast, predict
 from services.admission.policy.workers import CapacityConfig
-from services.common.control import ControlState
+from services.common.control_state import ControlState
 from tests.admission_helpers import Item, engine_stats
 
 pytestmark = pytest.mark.unit

@@ -23,7 +23,7 @@ from services.controller.decider.config import DeciderConfig
 from services.controller.decider.pool import Output, PoolDecider, memory_headroom_pct
 from services.controller.decider.records import PoolRecord, Records, WorkerRecord
 from services.controller.policy import HeartbeatConfig
-from services.workers.summary import RequestSummarizer
+from services.workers.policy.summary import RequestSummarizer
 from tests import builders
 
 pytestmark = pytest.mark.unit

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from schemas import RequestSummary
 from services.common.sketch import ddsketch_of
 from services.controller.decider.pool import samples_of
-from services.workers.summary import RequestSummarizer, inter_token_ms
+from services.workers.policy.summary import RequestSummarizer, inter_token_ms
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import QuotaHint, RateLimitInfo
-from services.ingress.hints import QuotaHints
+from services.ingress.policy.hints import QuotaHints
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.ingress.filters.geo import (
+from services.ingress.policy.filters.geo import (
     ClientAddress,
     IPAddress,
     RegionTable,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.ingress.filters import PASS, FilterVerdict
+from services.ingress.policy.filters import PASS, FilterVerdict
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024
 

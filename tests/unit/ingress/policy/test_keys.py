@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seawall_client.signing import KEY_PREFIX, key_id_of
-from services.ingress.keys import (
+from services.ingress.policy.keys import (
     DAY_S,
     DEFAULT_POLICY,
     Action,

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.ingress.filters import PASS, FilterVerdict
+from services.ingress.policy.filters import PASS, FilterVerdict
 
 DEFAULT_SUBSTRINGS: tuple[str, ...] = ("sqlmap", "nikto", "masscan", "zgrab", "nmap scripting")
 """Well-known scanners; operators extend the list in config."""

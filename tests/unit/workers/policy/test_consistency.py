@@ -17,11 +17,11 @@ from schemas import (
     SamplingParams,
     ShadowOrder,
 )
-from services.workers.consistency import Comparison, fingerprint, similarity
-from services.workers.dispatches import engine_request_for
 from services.workers.engine.sim_config import SimConfig, SimFaults
+from services.workers.policy.consistency import Comparison, fingerprint, similarity
+from services.workers.policy.dispatches import engine_request_for
 from services.workers.shadows import SHADOW_MAX_AGE_S, run_shadow, shadow_for, shadow_partition
-from tests.unit.workers.test_sim_engine import collect, request, started
+from tests.unit.workers.engine.test_sim_engine import collect, request, started
 
 pytestmark = pytest.mark.unit
 

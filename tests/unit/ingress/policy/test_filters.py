@@ -8,20 +8,20 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from services.common.tokenizer import count_tokens as workers_count_tokens
-from services.ingress.filters import FilterVerdict
-from services.ingress.filters.body import (
+from services.ingress.policy.filters import FilterVerdict
+from services.ingress.policy.filters.body import (
     DEFAULT_MAX_BODY_BYTES,
     check_body,
     check_declared_length,
 )
-from services.ingress.filters.prompt_length import (
+from services.ingress.policy.filters.prompt_length import (
     LONG_PROMPT_TOKENS,
     PROMPT_TOKEN_BUCKETS,
     count_tokens,
     is_long,
     long_prompt_share_promql,
 )
-from services.ingress.filters.useragent import UserAgentBlacklist
+from services.ingress.policy.filters.useragent import UserAgentBlacklist
 
 pytestmark = pytest.mark.unit
 
