@@ -49,8 +49,12 @@ def create_app(
     app.state.front = Front(pipeline, router, ready, clock, openapi_document(version("seawall")))
     if websocket is not None:
         app.add_api_websocket_route("/v1/ws", websocket)
-    app.exception_handler(RedisError)(_redis_down)
-    app.exception_handler(KafkaError)(_kafka_down)
+    app.add_exception_handler(
+        RedisError, _outage("redis", "key_store_unavailable", "The key store is unavailable.")
+    )
+    app.add_exception_handler(
+        KafkaError, _outage("kafka", "bus_unavailable", "The request bus is unavailable.")
+    )
     app.exception_handler(StarletteHTTPException)(_http_error)
     app.get("/health")(meta.health)
     app.get("/openapi.json")(meta.openapi)
@@ -61,20 +65,19 @@ def create_app(
     return app
 
 
-async def _redis_down(request: Request, exc: RedisError) -> Response:
-    log.error("redis failed", extra={"error": type(exc).__name__})
-    m.REQUESTS.labels("http", "unavailable").inc()
-    settings = front_of(request).settings
-    error = unavailable(settings, "key_store_unavailable", "The key store is unavailable.")
-    return error_response(endpoint_of(request), error)
+def _outage(
+    dependency: str, code: str, message: str
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The answer while a dependency is down: 503 with ``Retry-After``, logged and
+    counted; the client retries and nothing was half done."""
 
+    async def handler(request: Request, exc: Exception) -> Response:
+        log.error(f"{dependency} failed", extra={"error": type(exc).__name__})
+        m.REQUESTS.labels("http", "unavailable").inc()
+        error = unavailable(front_of(request).settings, code, message)
+        return error_response(endpoint_of(request), error)
 
-async def _kafka_down(request: Request, exc: KafkaError) -> Response:
-    log.error("kafka failed", extra={"error": type(exc).__name__})
-    m.REQUESTS.labels("http", "unavailable").inc()
-    settings = front_of(request).settings
-    error = unavailable(settings, "bus_unavailable", "The request bus is unavailable.")
-    return error_response(endpoint_of(request), error)
+    return handler
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -76,6 +76,40 @@ class EngineSnapshot:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+class EngineCounters(Protocol):
+    """What every engine's statistics count, however it reads them (its own scheduler,
+    vLLM's stat logger, a server's ``/metrics``)."""
+
+    @property
+    def running(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def preempted_total(self) -> int: ...
+    @property
+    def kv_cache_usage(self) -> float: ...
+    @property
+    def prompt_tokens_total(self) -> int: ...
+    @property
+    def generation_tokens_total(self) -> int: ...
+
+
+def snapshot_of(
+    counters: EngineCounters, limits: EngineLimits, extra: dict[str, float] | None = None
+) -> EngineSnapshot:
+    """The snapshot every engine reports, from its counters and fixed limits."""
+    return EngineSnapshot(
+        running=counters.running,
+        waiting=counters.waiting,
+        preempted_total=counters.preempted_total,
+        kv_cache_usage=counters.kv_cache_usage,
+        limits=limits,
+        prompt_tokens_total=counters.prompt_tokens_total,
+        generation_tokens_total=counters.generation_tokens_total,
+        extra=extra or {},
+    )
+
+
 class EngineError(RuntimeError):
     """The engine itself failed (crashed, stopped, unreachable): the worker exits, so
     that a fresh engine replaces it, and its requests go to the rest of the pool."""

@@ -32,6 +32,7 @@ from services.workers.engine.base import (
     EngineRequest,
     EngineSnapshot,
     RequestRefused,
+    snapshot_of,
 )
 from services.workers.engine.openai_http_metrics import ScrapedMetrics, parse_vllm_metrics
 from services.workers.engine.openai_http_stream import CompletionStream, error_body_text
@@ -161,15 +162,8 @@ class OpenAIHttpEngine:
 
     def snapshot(self) -> EngineSnapshot:
         metrics = self._metrics
-        return EngineSnapshot(
-            running=metrics.running,
-            waiting=metrics.waiting,
-            preempted_total=metrics.preempted_total,
-            kv_cache_usage=metrics.kv_cache_usage,
-            limits=self.limits,
-            prompt_tokens_total=metrics.prompt_tokens_total,
-            generation_tokens_total=metrics.generation_tokens_total,
-            extra={"metrics_stale": 1.0 if self._metrics_stale else 0.0},
+        return snapshot_of(
+            metrics, self.limits, {"metrics_stale": 1.0 if self._metrics_stale else 0.0}
         )
 
     @property

@@ -47,6 +47,7 @@ from services.workers.engine.base import (
     EngineSnapshot,
     GpuReading,
     RequestRefused,
+    snapshot_of,
 )
 from services.workers.engine.sim_config import SimConfig
 from services.workers.engine.sim_core import SimCore, StepResult
@@ -211,15 +212,10 @@ class SimulatedEngine:
     def snapshot(self) -> EngineSnapshot:
         """Raises :class:`EngineError` once the simulated engine has crashed."""
         stats = self._core.stats(self._clock())
-        return EngineSnapshot(
-            running=stats.running,
-            waiting=stats.waiting,
-            preempted_total=stats.preempted_total,
-            kv_cache_usage=stats.kv_cache_usage,
-            limits=self.limits,
-            prompt_tokens_total=stats.prompt_tokens_total,
-            generation_tokens_total=stats.generation_tokens_total,
-            extra={
+        return snapshot_of(
+            stats,
+            self.limits,
+            {
                 "kv_blocks_used": float(stats.kv_blocks_used),
                 "kv_blocks_total": float(stats.kv_blocks_total),
             },

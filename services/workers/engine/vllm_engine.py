@@ -30,6 +30,7 @@ from services.workers.engine.base import (
     EngineSnapshot,
     FinishReason,
     RequestRefused,
+    snapshot_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -240,15 +241,7 @@ class VllmEngine:
 
     def snapshot(self) -> EngineSnapshot:
         stats = self._stats
-        return EngineSnapshot(
-            running=stats.running,
-            waiting=stats.waiting,
-            preempted_total=stats.preempted_total,
-            kv_cache_usage=stats.kv_cache_usage,
-            limits=self.limits,
-            prompt_tokens_total=stats.prompt_tokens_total,
-            generation_tokens_total=stats.generation_tokens_total,
-        )
+        return snapshot_of(stats, self.limits)
 
     @property
     def limits(self) -> EngineLimits:
