@@ -198,20 +198,25 @@ class Dispatcher:
                 placement.worker_id if placement is not None else None,
             )
             sends.append((w, verdict, future))
-        acks = await asyncio.gather(*(f for *_, f in sends), return_exceptions=True)
-        for (w, admit, _), ack in zip(sends, acks, strict=True):
-            if isinstance(ack, Exception):
-                if is_infrastructure(ack):
+        # Awaited one by one, not gathered: the broker acknowledges a round's records in
+        # a few batches, and a gather would schedule a callback per record.
+        admitted: list[tuple[str, str, Priority, InferenceRequest, str, Priority]] = []
+        for w, admit, future in sends:
+            try:
+                await future
+            except Exception as e:
+                if is_infrastructure(e):
                     unsent.append(w)
                 else:
-                    self._answers.fail_waiting(w, ack)
+                    self._answers.fail_waiting(w, e)
                 continue
-            if isinstance(ack, BaseException):
-                raise ack
             self._offsets.done(w.tp, w.offset)
             outcome = "admitted" if admit.reason is ReasonCode.NONE else "degraded"
-            m.decided(outcome, admit.reason.value, w.source, w.request)
-            m.DISPATCHES.labels(admit.dispatch.pool, w.accepted.cls.value).inc()
+            reason = admit.reason.value
+            admitted.append(
+                (outcome, reason, w.source, w.request, admit.dispatch.pool, w.accepted.cls)
+            )
+        m.dispatched(admitted)
         if unsent:
             log.warning(
                 "the broker did not take dispatches; they wait", extra={"requests": len(unsent)}

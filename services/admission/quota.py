@@ -54,6 +54,7 @@ from seawall_client.topics import RedisKeys
 from services.admission.policy.bucket import (
     DEFAULT_TTL_MARGIN_MS,
     DIMENSIONS,
+    Assessed,
     BucketState,
     Dimension,
     Limit,
@@ -149,13 +150,16 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _parse(reply: Sequence[bytes | str]) -> tuple[str, float, str, bool, list[BucketState]]:
+def _parse(reply: Sequence[bytes | str]) -> tuple[str, float, str, bool, Sequence[bytes | str]]:
     """The script's reply: tenant outcome, server clock, region outcome, replayed, then
-    (tokens, ts, burst) per bucket."""
+    the figures (tokens, ts, burst) of each bucket, flat."""
     now = redis_clock(int(reply[1]), int(reply[2]))
-    values = [float(v) for v in reply[5:]]
-    states = [BucketState(*values[i : i + 3]) for i in range(0, len(values), 3)]
-    return _text(reply[0]), now, _text(reply[3]), int(reply[4]) == 1, states
+    return _text(reply[0]), now, _text(reply[3]), int(reply[4]) == 1, reply[5:]
+
+
+def _states(figures: Sequence[bytes | str]) -> list[BucketState]:
+    values = [float(v) for v in figures]
+    return [BucketState(*values[i : i + 3]) for i in range(0, len(values), 3)]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -219,17 +223,24 @@ class _Call:
 
 
 def _decision(
-    item: QuotaRequest, outcome: str, now: float, states: Sequence[BucketState]
+    item: QuotaRequest, outcome: str, now: float, figures: Sequence[bytes | str]
 ) -> QuotaDecision:
-    if outcome not in ("admit", "degrade", "reject"):
+    costs = (item.requests, item.tokens)
+    limits = (item.config.requests, item.config.tokens)
+    if outcome == "admit":
+        # The figures are assessed if read (``Assessed``): an admitted request's rarely are.
+        return QuotaDecision("admit", "ok", Assessed(figures, costs, limits), 0.0, now)
+    if outcome == "degrade":
+        return QuotaDecision("degrade", "burst", Assessed(figures, costs, limits), 0.0, now)
+    if outcome != "reject":
         raise RuntimeError(f"unexpected quota script outcome {outcome!r}")
-    costs = item.costs
-    limits = {d: item.config.limit(d) for d in DIMENSIONS}
-    allowed = outcome != "reject"
     takes = {
-        d: assess(s, costs[d], limits[d], allowed) for d, s in zip(DIMENSIONS, states, strict=True)
+        d: assess(s, cost, lim, allowed=False)
+        for d, s, cost, lim in zip(DIMENSIONS, _states(figures), costs, limits, strict=True)
     }
-    return make_decision(cast(Outcome, outcome), takes, costs, limits, now)
+    return make_decision(
+        "reject", takes, item.costs, {"requests": limits[0], "tokens": limits[1]}, now
+    )
 
 
 class RedisQuota:
@@ -289,13 +300,13 @@ class RedisQuota:
 
     @staticmethod
     def _charged(charge: Charge, reply: Sequence[bytes | str]) -> Charged:
-        tenant_outcome, now, region_outcome, replayed, states = _parse(reply)
-        n = len(DIMENSIONS)
+        tenant_outcome, now, region_outcome, replayed, figures = _parse(reply)
+        n = 3 * len(DIMENSIONS)
         region = None
         if charge.region is not None:
-            region = _decision(charge.region, region_outcome, now, states[:n])
-            states = states[n:]
-        tenant = _decision(charge.tenant, tenant_outcome, now, states)
+            region = _decision(charge.region, region_outcome, now, figures[:n])
+            figures = figures[n:]
+        tenant = _decision(charge.tenant, tenant_outcome, now, figures)
         return Charged(tenant, region, replayed)
 
     async def decide(
@@ -333,5 +344,6 @@ class RedisQuota:
         call.add([(quota_key(self._prefix, tenant, "tokens"), tokens_delta, config.tokens)])
         with _store_errors():
             (reply,) = await self._script(*call.call(self._margin))
-        _, now, _, _, (state,) = _parse(cast(Sequence[bytes | str], reply))
+        _, now, _, _, figures = _parse(cast(Sequence[bytes | str], reply))
+        (state,) = _states(figures)
         return Adjustment(now, assess(state, 0.0, config.tokens, allowed=True))

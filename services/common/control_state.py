@@ -24,10 +24,24 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TypeVar, cast
 
+from pydantic import BaseModel
+
 from schemas import BreakerLevel, BreakerState, ControlEvent
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 
 E = TypeVar("E", bound=ControlEvent)
+
+_KINDS: dict[type[BaseModel], str] = {}
+"""Each event class's ``kind``: read from the class's fields once, as the services ask
+per request (pydantic's ``model_fields`` is slow to reach from the class)."""
+
+
+def _kind(cls: type[BaseModel]) -> str:
+    name = _KINDS.get(cls)
+    if name is None:
+        name = _KINDS[cls] = cls.model_fields["kind"].default
+    return name
+
 
 #: Worker-breaker causes that take the worker out of its pool until its half-open probes
 #: pass (DESIGN: a worker that stops sending heartbeats, or whose errors trip the
@@ -87,11 +101,13 @@ class ControlState:
         )
 
     def get(self, kind: type[E], scope: str) -> E | None:
-        event = self._latest.get(f"{kind.model_fields['kind'].default}/{scope}")
+        event = self._latest.get(f"{_kind(kind)}/{scope}")
         return event if isinstance(event, kind) and self._visible(event) else None
 
     def all(self, kind: type[E]) -> list[E]:
-        events = cast(dict[str, E], self._kinds.get(kind.model_fields["kind"].default, {}))
+        events = cast(dict[str, E], self._kinds.get(_kind(kind), {}))
+        if not events:
+            return []
         if not self._in_force_only:
             return list(events.values())
         now = self._clock.time()

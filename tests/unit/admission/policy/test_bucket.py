@@ -11,11 +11,14 @@ from hypothesis import strategies as st
 from schemas import RateLimitInfo, Tier
 from services.admission.policy.bucket import (
     DEFAULT_TIERS,
+    DIMENSIONS,
+    Assessed,
     BucketState,
     Group,
     Limit,
     TierConfig,
     adjust,
+    assess,
     charge,
     decide,
     redis_clock,
@@ -297,3 +300,26 @@ def test_a_charge_spends_in_every_group_or_in_none(
     before_t = refill(tenant[0], T0, PRO.requests)
     assert (r_takes[0].state.tokens < before_r.tokens) == spent  # the region paid, or not
     assert (t_takes[0].state != before_t) == spent  # the tenant paid, or not
+
+
+states = st.builds(BucketState, st.floats(0, 1000), st.floats(0, 2e9), st.floats(0, 1000))
+
+
+@given(st.tuples(states, states), st.tuples(st.floats(0, 50), st.floats(0, 5000)), limits, limits)
+def test_an_admitted_charge_assessed_when_read_equals_one_assessed_at_once(
+    after: tuple[BucketState, BucketState],
+    costs: tuple[float, float],
+    requests: Limit,
+    tokens: Limit,
+) -> None:
+    # As the quota script returns them: each bucket's tokens, ts and burst, flat, as text.
+    figures = [repr(v).encode() for s in after for v in (s.tokens, s.ts, s.burst)]
+    lazy = Assessed(figures, costs, (requests, tokens))
+    eager = {
+        d: assess(s, c, lim, allowed=True)
+        for d, s, c, lim in zip(DIMENSIONS, after, costs, (requests, tokens), strict=True)
+    }
+    assert list(lazy) == list(DIMENSIONS)
+    assert len(lazy) == len(DIMENSIONS)
+    assert lazy == eager
+    assert dict(lazy) == eager
