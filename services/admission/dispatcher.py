@@ -36,6 +36,7 @@ from services.admission.policy.outcomes import Admit, Reply
 from services.admission.policy.round_budget import Placement
 from services.admission.policy.scheduler import PriorityScheduler
 from services.admission.policy.sizing import engine_cost
+from services.common.bus import Outgoing, send_batched
 from services.common.control_state import ControlState
 from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import wait_set
@@ -160,8 +161,8 @@ class Dispatcher:
         cancelled = await self._cancelled([w.request for w in picked])
         now, mono = self._clock.time(), self._clock.monotonic()
         lens = self._capacity.model_lens(mono)
-        sends: list[tuple[Waiting, Admit, asyncio.Future[Any]]] = []
-        unsent: list[Waiting] = []
+        chosen: list[tuple[Waiting, Admit, Placement | None]] = []
+        outgoing: list[Outgoing] = []
         for w, gone, placement in zip(picked, cancelled, placed, strict=True):
             try:
                 verdict = self._policy.release(
@@ -178,28 +179,30 @@ class Dispatcher:
             if placement is not None and placement.pool != d.pool:
                 placement = None  # released to another pool than the round placed it on
             try:
-                future = await self._producer.send(
-                    self._topics.dispatch(d.pool),
-                    encode(d),
-                    key=w.key.encode(),
-                    partition=placement.partition if placement is not None else None,
-                )
+                value = encode(d)
             except Exception as e:
-                if is_infrastructure(e):
-                    unsent.append(w)
-                else:
-                    self._answers.fail_waiting(w, e)
+                self._answers.fail_waiting(w, e)
                 continue
-            self._capacity.dispatched(
-                d.pool,
-                w.request.request_id,
-                mono,
-                engine_cost(w.cost, d.degradation),
-                placement.worker_id if placement is not None else None,
+            partition = placement.partition if placement is not None else None
+            outgoing.append(
+                Outgoing(self._topics.dispatch(d.pool), value, w.key.encode(), partition)
             )
-            sends.append((w, verdict, future))
-        # Awaited one by one, not gathered: the broker acknowledges a round's records in
-        # a few batches, and a gather would schedule a callback per record.
+            chosen.append((w, verdict, placement))
+        acks = await send_batched(self._producer, outgoing)
+        sends: list[tuple[Waiting, Admit, asyncio.Future[Any]]] = []
+        unsent: list[Waiting] = []
+        for (w, verdict, placement), ack in zip(chosen, acks, strict=True):
+            if not (ack.done() and ack.exception() is not None):  # the producer took it
+                self._capacity.dispatched(
+                    verdict.dispatch.pool,
+                    w.request.request_id,
+                    mono,
+                    engine_cost(w.cost, verdict.dispatch.degradation),
+                    placement.worker_id if placement is not None else None,
+                )
+            sends.append((w, verdict, ack))
+        # Awaited one by one, not gathered: a batch's records share its future, and a
+        # gather would schedule a callback per record.
         admitted: list[tuple[str, str, Priority, InferenceRequest, str, Priority]] = []
         for w, admit, future in sends:
             try:

@@ -127,11 +127,18 @@ class Producer(AIOKafkaProducer):  # type: ignore[misc]
         super().__init__(**options)
         self._tracked: set[str] = set()
 
-    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+    def _track(self, topic: str) -> None:
         if topic not in self._tracked:
             self._tracked.add(topic)
             self.client.add_topic(topic)
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        self._track(topic)
         return await super().send(topic, *args, **kwargs)
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
+        self._track(topic)
+        return await super().send_batch(batch, topic, partition=partition)
 
 
 def new_producer(config: KafkaConfig, **overrides: Any) -> AIOKafkaProducer:

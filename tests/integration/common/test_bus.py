@@ -9,13 +9,14 @@ import time
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import TopicPartition
+from aiokafka.errors import ProducerClosed
 
 from schemas import DeadLetter, InferenceRequest
 from schemas.deadletter import EXCERPT_BYTES
 from seawall_client.kafka import ensure_topics
 from seawall_client.serde import REQUEST, DecodeError, decode, encode
 from seawall_client.topics import Topics
-from services.common.bus import make_consumer, make_producer
+from services.common.bus import Outgoing, make_consumer, make_producer, send_batched
 from services.common.deadletters import DeadLetters
 from services.common.settings import CommonSettings
 
@@ -117,6 +118,64 @@ async def test_a_dead_letter_of_a_record_larger_than_the_producer_takes_is_sent(
         assert letter.sha256 == hashlib.sha256(raw).hexdigest()
     finally:
         await consumer.stop()
+
+
+async def test_batched_records_arrive_in_order_on_the_partition_their_key_picks(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    topic = topics.dispatch("main")
+    keyed = [
+        Outgoing(topic, f"k{i}-{n}".encode(), f"k{i}".encode()) for n in range(40) for i in range(7)
+    ]
+    placed = [Outgoing(topic, f"p-{n}".encode(), b"ignored", partition=2) for n in range(30)]
+    big = Outgoing(topic, b"x" * 100_000, b"big", partition=1)  # larger than a batch
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        records = [*keyed[:100], big, *placed, *keyed[100:]]
+        acks = await send_batched(producer, records)
+        assert len(acks) == len(records)
+        await asyncio.gather(*acks)
+        # aiokafka's own partitioner, for comparison: the same key, the same partition.
+        expected = {}
+        for i in range(7):
+            meta = await (await producer.send(topics.dispatch("small"), b"-", key=f"k{i}".encode()))
+            expected[f"k{i}".encode()] = meta.partition
+    finally:
+        await producer.stop()
+    consumer = make_consumer(settings, topic, group_id=None)
+    await consumer.start()
+    try:
+        got = await _consume(consumer, len(records))
+    finally:
+        await consumer.stop()
+    assert len(got) == len(records)
+    by_partition: dict[int, list[bytes]] = {}
+    for r in got:
+        by_partition.setdefault(r.partition, []).append(r.value)  # type: ignore[attr-defined]
+        if r.key in expected:  # type: ignore[attr-defined]
+            assert r.partition == expected[r.key]  # type: ignore[attr-defined]
+    assert [v for v in by_partition[2] if v.startswith(b"p-")] == [
+        f"p-{n}".encode() for n in range(30)
+    ]
+    assert b"x" * 100_000 in by_partition[1]
+    for i in range(7):
+        mine = [v for vs in by_partition.values() for v in vs if v.startswith(f"k{i}-".encode())]
+        assert mine == [f"k{i}-{n}".encode() for n in range(40)]  # in order
+
+
+async def test_a_batch_the_producer_does_not_take_fails_its_records_without_raising(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    producer = make_producer(settings)
+    await producer.start()
+    await producer.stop()  # a stopped producer takes nothing
+    records = [Outgoing(topics.dispatch("main"), b"v", b"k", partition=0)] * 3
+    acks = await send_batched(producer, records)
+    assert len(acks) == 3
+    for ack in acks:
+        with pytest.raises(ProducerClosed):
+            await ack
 
 
 async def test_redis_answers_with_ttl(settings: CommonSettings, redis: aioredis.Redis) -> None:
