@@ -85,7 +85,12 @@ from services.admission.policy.overrides import (
     region_bucket,
     region_throttle,
 )
-from services.admission.policy.routing import PoolGate, PoolRouting, canaries_of, sticky_point
+from services.admission.policy.routing import (
+    OPEN_GATE,
+    PoolRouting,
+    canaries_of,
+    sticky_point,
+)
 from services.admission.policy.sizing import NO_LIMITS, fits, prompt_tokens
 from services.admission.policy.ttft import PoolForecast, predict
 from services.common.control_state import ControlState
@@ -286,7 +291,7 @@ class AdmissionPolicy(PoolRouting):
         else:
             reason = ReasonCode.QUOTA_DEGRADED if accepted.quota_degraded else ReasonCode.NONE
         shadow = None
-        if reason is ReasonCode.NONE and gate == PoolGate():
+        if reason is ReasonCode.NONE and gate == OPEN_GATE:
             shadow = self.shadow_order(request, dest, control)
         dispatch = DispatchedRequest(
             request=request, pool=dest, degradation=degradation, admitted_at=now, shadow=shadow

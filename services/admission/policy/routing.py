@@ -64,6 +64,12 @@ class PoolGate:
     """Half-open: how many more requests may pass; ``None``: no such limit."""
 
 
+OPEN_GATE = PoolGate()
+"""A pool whose breaker is closed: everything passes."""
+UNDEGRADED = Degradation()
+"""The degradation of a request admission changed nothing about (frozen: shared)."""
+
+
 def worker_share(breaker: BreakerState, rate_limit_factor: float) -> float:
     """The part of its batch slots a worker's own breaker leaves it: none when the state
     isolates it (``control.isolates``); ``rate_limit_factor`` when it is open for latency
@@ -153,7 +159,7 @@ class PoolRouting:
         """Destination pool, rung applied and degradation for a request of ``pool``."""
         event = _scoped(control, DegradationLevel, pool)
         if event is None or event.level == 0:
-            return pool, 0, Degradation()
+            return pool, 0, UNDEGRADED
         if event.level >= 3:
             return pool, 3, Degradation(level=3, static_reply=True)
         dest = self.destination(pool, cls, control)
@@ -170,7 +176,7 @@ class PoolRouting:
     def gate(self, pool: str, control: ControlState) -> PoolGate:
         breaker = _scoped(control, BreakerState, pool)
         if breaker is None or breaker.state == "closed":
-            return PoolGate()
+            return OPEN_GATE
         level = breaker.level
         if level >= BreakerLevel.REJECT_NEW:
             if breaker.state == "open":
