@@ -1,7 +1,7 @@
-"""Admission's quota hints for ingress, published (what they say: ``hints``, pure).
+"""Admission's quota hints for ingress, published (what they say: ``policy.hints``, pure).
 
 A rejection because a tenant's requests bucket is empty publishes a ``QuotaHint`` on
-``llm.quota.hints`` (``hints``: at most about one per tenant per refill), so that
+``llm.quota.hints`` (``policy.hints``: at most about one per tenant per refill), so that
 ingress refuses the tenant's next requests itself until the bucket can pay again: an
 abusive tenant costs no Kafka hop, no Redis call and no decision here. When a tenant's
 override comes, goes or changes, a clearing hint tells ingress to drop the last one.
@@ -72,7 +72,7 @@ class HintPublisher:
         return True
 
     async def hint(self, tenant: str, decision: QuotaDecision) -> None:
-        """Tell ingress when a tenant's requests bucket is empty (``hints``); not
+        """Tell ingress when a tenant's requests bucket is empty (``policy.hints``); not
         awaited for its ack, and skipped while the broker is unavailable: a lost hint
         only sends the tenant's next requests here."""
         hint = hint_for(tenant, decision)

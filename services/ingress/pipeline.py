@@ -11,7 +11,7 @@ order (cheap checks first, nothing parsed before its size is known):
    signing``), then ``principal``: the key must exist and be in a phase that allows
    inference;
 4. ``prepare``: a tenant that admission found over its request quota is refused until
-   its bucket refills (``hints``, published by admission: the quota pre-check at the
+   its bucket refills (``policy.hints``, published by admission: the quota pre-check at the
    edge); the tenant, tier and priority from the key's tenant (whatever the
    request claimed), the model's pool, the deadline, the client's region, the
    ``max_tokens`` cap, the tenant's sensitive-data policy (block or redact) and the
@@ -272,7 +272,7 @@ class IngressPipeline:
     ) -> InferenceRequest | Refusal:
         """The request as it goes onto the priority topic, or why it may not. A tenant
         whose requests bucket admission found empty is refused first, until it refills
-        (``hints``): no hop, no Redis call."""
+        (``policy.hints``): no hop, no Redis call."""
         s = self.settings
         now = self._clock.time()
         region = self.region(request.client.client_ip)

@@ -4,7 +4,7 @@ A record that does not decode is dead-lettered; a shadow is run and counted
 (``shadowing``); a request redelivered while this worker runs it joins that run.
 Otherwise its reply topic is checked, an expired or statically degraded request is
 answered at once, and the request is claimed (``leases``) and generated on the engine,
-its chunks streamed (``chunker``) and its terminal reply sent (``answers``). The
+its chunks streamed (``policy.chunker``) and its terminal reply sent (``answers``). The
 broker or Redis failing mid-generation gives that generation up and tries again after
 a backoff; the request failing on its own account is answered, never fatal; only the
 engine failing itself fails the worker. Then the record's offset (and those of the

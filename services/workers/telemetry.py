@@ -2,8 +2,8 @@
 queues on the telemetry and completion topics.
 
 Each interval one ``WorkerReport`` carries the engine's state, the GPUs' readings
-(``reports`` builds both), a heartbeat and the summary of the requests finished
-(``summary``); a status change (draining, stopped) is told at once by a heartbeat on
+(``policy.reports`` builds both), a heartbeat and the summary of the requests finished
+(``policy.summary``); a status change (draining, stopped) is told at once by a heartbeat on
 its own. Nothing here is awaited for its ack: a lost report is superseded by the next.
 """
 
