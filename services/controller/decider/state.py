@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 
 from schemas import BatchLimit, BreakerState, ControlEvent, DegradationLevel, Evidence
 from services.controller.decider.config import DeciderConfig
@@ -107,9 +106,7 @@ class PoolState:
         self.long_prompts: Evidence | None = None
         """While long prompts are over their share in this pool, the evidence of it
         (an alert, not a control decision: nothing acts on it but an operator)."""
-        self._mismatches = ShareAlert(
-            replace(OUTPUT_MISMATCHES, share=config.output_mismatch_rate), self.scope
-        )
+        self._mismatches = ShareAlert(OUTPUT_MISMATCHES.on(config.output_mismatch_rate), self.scope)
         self.output_mismatches: Evidence | None = None
         """While the pool's outputs disagree with their shadow runs past the bound,
         the evidence of it (an alert, as ``long_prompts``)."""

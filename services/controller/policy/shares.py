@@ -47,6 +47,12 @@ class ShareAlertConfig:
     context: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     """Further figures the evidence's thresholds carry (what counts as an event)."""
 
+    def on(self, share: Threshold) -> ShareAlertConfig:
+        """This alert on another threshold, its window keeping its number of buckets: a
+        window scaled in time (``controller_time_scale``) gets buckets scaled alike, and
+        never one wider than itself."""
+        return replace(self, share=share, step_s=self.step_s * share.window_s / self.share.window_s)
+
 
 LONG_PROMPTS = ShareAlertConfig(
     DecisionKind.LONG_PROMPT_ALERT,
