@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.common import sensitive
 from services.common.sensitive import (
     Finding,
     detect,
@@ -271,3 +272,61 @@ def test_screen_applies_the_policy() -> None:
     clean = screen("订单号 2024031512345678 已发货", "block")
     assert clean.action == "pass"
     assert clean.findings == ()
+
+
+LABELS = [
+    "password",
+    "PASSWD",
+    "pwd",
+    "Passcode",
+    "account",
+    "acct",
+    "ID card",
+    "id_no",
+    "id-number",
+    "identity card",
+    "密码",
+    "口令",
+    "账号",
+    "帐户",
+    "身份证号",
+    "paſſword",
+    "ıd card",
+    "İD CARD",
+    "sk-sw-0123456789abcdefghijkl",
+]
+
+
+@st.composite
+def texts_with_near_misses(draw: st.DrawFn) -> str:
+    """Text mixing what the scans look for, what they must not take, and noise."""
+    pieces = st.one_of(
+        st.text(max_size=40),
+        st.sampled_from(LABELS),
+        st.builds(
+            "".join,
+            st.tuples(
+                st.sampled_from(LABELS),
+                st.sampled_from([":", "=", "：", " = "]),
+                st.text("abcXYZ019密", min_size=1, max_size=8),
+            ),
+        ),
+        st.sampled_from([":", "=", "：", " ", "-", "\n", '"']),
+        st.text("0123456789 -+Xx", max_size=24),
+        resident_ids(),
+        luhn_numbers(st.integers(13, 19)),
+        st.sampled_from(["13812345678", "+86 138-1234-5678", "卡号", "order", "visa"]),
+    )
+    return "".join(draw(st.lists(pieces, max_size=12)))
+
+
+@settings(max_examples=400)
+@given(texts_with_near_misses())
+def test_the_cheap_tests_never_skip_a_scan_that_would_find_something(text: str) -> None:
+    every_scan = (
+        sensitive._credentials,
+        sensitive._resident_ids,
+        sensitive._mobiles,
+        sensitive._cards,
+    )
+    assert detect(text) == sensitive._accept(text, every_scan)
