@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import defaultdict, deque
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -39,7 +39,7 @@ from services.admission.policy.sizing import engine_cost
 from services.common.bus import Outgoing, send_batched
 from services.common.control_state import ControlState
 from services.common.failures import Backoff, is_infrastructure
-from services.common.lifecycle import wait_set
+from services.common.lifecycle import cancel_tasks, wait_set
 from services.common.offsets import OffsetTracker
 from services.common.redisclient import exists_each
 
@@ -47,6 +47,11 @@ log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 0.25
 """How often waiting requests are checked for a passed deadline."""
+ROUNDS_IN_FLIGHT = 4
+"""Rounds whose acknowledgements may be outstanding at once; past that the loop waits
+for the oldest (the producer's buffer stays bounded)."""
+SETTLE_ON_STOP_S = 5.0
+"""How long a stopping dispatch loop waits for the acknowledgements of what it sent."""
 
 
 class Dispatcher:
@@ -95,21 +100,39 @@ class Dispatcher:
         self._wake.set()
 
     async def loop(self) -> None:
-        while True:
-            await wait_set(self._wake, self._interval_s)
-            self._wake.clear()
-            if await self._round():
-                self._backoff.reset()
-            else:
-                await self._backoff.wait()  # the broker did not take the dispatches
+        """Rounds, each released as soon as the last one is sent: a round's acknowledgements
+        are awaited beside the next rounds (at most ``ROUNDS_IN_FLIGHT``), so a slow
+        acknowledgement delays no dispatch behind it. A round the broker did not take in
+        full makes the loop wait a backoff once its acknowledgements are in."""
+        settling: deque[asyncio.Task[bool]] = deque()
+        try:
+            while True:
+                while settling and (settling[0].done() or len(settling) >= ROUNDS_IN_FLIGHT):
+                    if await settling.popleft():
+                        self._backoff.reset()
+                    else:
+                        await self._backoff.wait()  # the broker did not take the dispatches
+                await wait_set(self._wake, self._interval_s)
+                self._wake.clear()
+                settle = await self._round()
+                if settle is not None:
+                    settling.append(asyncio.ensure_future(settle))
+        finally:
+            # Stopping: let the broker answer what it was sent (its offsets can then be
+            # committed, and the next owner does not dispatch it again), within a bound.
+            if settling:
+                await asyncio.wait(settling, timeout=SETTLE_ON_STOP_S)
+            await cancel_tasks(set(settling))
+            await asyncio.gather(*settling, return_exceptions=True)
 
-    async def _round(self) -> bool:
-        """One round; ``False`` if the broker was unavailable (the requests wait)."""
+    async def _round(self) -> Coroutine[Any, Any, bool] | None:
+        """One round: its requests answered or handed to the producer; returns what
+        settles their acknowledgements (``None``: nothing was sent)."""
         now = self._clock.monotonic()
-        ok = True
+        expired: list[Waiting] = []
         if now - self._last_sweep >= SWEEP_INTERVAL_S:
             self._last_sweep = now
-            ok = await self._release(self._backlog.take_expired(self._clock.time()))
+            expired = self._backlog.take_expired(self._clock.time())
         chosen = self._pick(now)
         for w in chosen.shed:
             self._answers.reply(
@@ -119,11 +142,13 @@ class Dispatcher:
                 w.source,
                 self._policy.shed(w.request, w.accepted, self._clock.time()),
             )
-        ok = await self._release(chosen.picked, chosen.placements) and ok
+        settle = await self._release(
+            [*expired, *chosen.picked], [*([None] * len(expired)), *chosen.placements]
+        )
         for cls in Priority:
             m.BACKLOG.labels(cls.value).set(self._backlog.count(cls))
         m.BACKLOG.labels(SCAVENGER).set(self._backlog.scavengers())
-        return ok
+        return settle
 
     def _pick(self, now: float) -> Round[Waiting]:
         """The requests to release now (``policy.dispatching.pick``): per destination pool,
@@ -150,14 +175,14 @@ class Dispatcher:
         return chosen
 
     async def _release(
-        self, picked: list[Waiting], placements: Sequence[Placement | None] = ()
-    ) -> bool:
+        self, picked: list[Waiting], placements: Sequence[Placement | None]
+    ) -> Coroutine[Any, Any, bool] | None:
         """Answer or dispatch each picked request, on the partition of its placement
-        where it has one, else by its key; ``False`` if the broker was unavailable (what
-        it did not take is back in its backlog)."""
+        where it has one, else by its key. Returns what settles the dispatches once the
+        broker has acknowledged them (``_settle``); ``None`` when none was sent."""
         if not picked:
-            return True
-        placed = list(placements) or [None] * len(picked)
+            return None
+        placed = list(placements)
         cancelled = await self._cancelled([w.request for w in picked])
         now, mono = self._clock.time(), self._clock.monotonic()
         lens = self._capacity.model_lens(mono)
@@ -190,7 +215,6 @@ class Dispatcher:
             chosen.append((w, verdict, placement))
         acks = await send_batched(self._producer, outgoing)
         sends: list[tuple[Waiting, Admit, asyncio.Future[Any]]] = []
-        unsent: list[Waiting] = []
         for (w, verdict, placement), ack in zip(chosen, acks, strict=True):
             if not (ack.done() and ack.exception() is not None):  # the producer took it
                 self._capacity.dispatched(
@@ -201,6 +225,13 @@ class Dispatcher:
                     placement.worker_id if placement is not None else None,
                 )
             sends.append((w, verdict, ack))
+        return self._settle(sends) if sends else None
+
+    async def _settle(self, sends: list[tuple[Waiting, Admit, asyncio.Future[Any]]]) -> bool:
+        """Once the broker answered: a dispatch it took is done (its offset may be
+        committed); one it did not take goes back to its backlog (``False``); one it
+        refused for itself is answered."""
+        unsent: list[Waiting] = []
         # Awaited one by one, not gathered: a batch's records share its future, and a
         # gather would schedule a callback per record.
         admitted: list[tuple[str, str, Priority, InferenceRequest, str, Priority]] = []
