@@ -11,9 +11,9 @@ from tests.unit.controller.decider.test_pool import T0, gpu, report
 pytestmark = pytest.mark.unit
 
 
-def test_time_scale_multiplies_every_window_and_hold_but_no_threshold() -> None:
-    config = scaled_config(
-        0.01,
+def config_at(time_scale: float) -> DeciderConfig:
+    return scaled_config(
+        time_scale,
         batch_sla_ms=300.0,
         heartbeat_timeout_s=2.0,
         republish_s=1.0,
@@ -23,6 +23,10 @@ def test_time_scale_multiplies_every_window_and_hold_but_no_threshold() -> None:
         small_pool="small",
         max_tokens_cap=256,
     )
+
+
+def test_time_scale_multiplies_every_window_and_hold_but_no_threshold() -> None:
+    config = config_at(0.01)
     default = DeciderConfig()
     assert config.breaker.error_rate.window_s == pytest.approx(3.0)
     assert config.breaker.error_rate.recover_hold_s == pytest.approx(1.2)
@@ -44,17 +48,7 @@ def test_republishing_must_be_more_frequent_than_validity() -> None:
 def test_a_pool_decides_at_any_time_scale(time_scale: float) -> None:
     # At 0.01 the output-mismatch alert's window (3 s) was once narrower than its fixed
     # 10 s buckets, and every telemetry record of the pool failed (bench/reaction.py).
-    config = scaled_config(
-        time_scale,
-        batch_sla_ms=300.0,
-        heartbeat_timeout_s=2.0,
-        republish_s=1.0,
-        valid_for_s=10.0,
-        forget_after_s=60.0,
-        max_telemetry_age_s=5.0,
-        small_pool="small",
-        max_tokens_cap=256,
-    )
+    config = config_at(time_scale)
     decider = PoolDecider("main", config, T0, None, {})
     decider.observe(gpu("w1", T0), T0)
     decider.observe(report("w1", T0), T0)
