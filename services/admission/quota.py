@@ -54,7 +54,6 @@ from seawall_client.topics import RedisKeys
 from services.admission.policy.bucket import (
     DEFAULT_TTL_MARGIN_MS,
     DIMENSIONS,
-    Assessed,
     BucketState,
     Dimension,
     Limit,
@@ -68,7 +67,7 @@ from services.admission.policy.bucket import (
     make_decision,
     redis_clock,
 )
-from services.admission.policy.charges import Charge, Charged, QuotaRequest
+from services.admission.policy.charges import Assessed, Charge, Charged, QuotaRequest
 from services.common.failures import StoreUnavailable
 from services.common.lua import Call, Lua
 

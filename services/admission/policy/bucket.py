@@ -30,7 +30,7 @@ tenant's spending touches another's.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -276,51 +276,6 @@ def assess(state: BucketState, cost: float, limit: Limit, allowed: bool) -> Take
         reset_after_s=time_until_full(state, limit),
         retry_after_s=0.0 if allowed else time_until_available(state, cost, limit),
     )
-
-
-class Assessed(Mapping[Dimension, Take]):
-    """The ``Take`` of each dimension of an admitted charge, assessed when first read.
-
-    ``figures`` are the buckets' stored states, flat (tokens, ts, burst per dimension, in
-    ``DIMENSIONS`` order), as the quota script returns them. Only a rejection puts these
-    figures on a reply; an admitted request's are read by tests and views at most, and
-    building them for every request was a tenth of admission's time."""
-
-    __slots__ = ("_costs", "_figures", "_limits", "_takes")
-
-    def __init__(
-        self,
-        figures: Sequence[float | str | bytes],
-        costs: Sequence[float],
-        limits: Sequence[Limit],
-    ) -> None:
-        self._figures = figures
-        self._costs = costs
-        self._limits = limits
-        self._takes: dict[Dimension, Take] | None = None
-
-    def _assessed(self) -> dict[Dimension, Take]:
-        if self._takes is None:
-            f = self._figures
-            self._takes = {
-                d: assess(
-                    BucketState(float(f[3 * i]), float(f[3 * i + 1]), float(f[3 * i + 2])),
-                    self._costs[i],
-                    self._limits[i],
-                    allowed=True,
-                )
-                for i, d in enumerate(DIMENSIONS)
-            }
-        return self._takes
-
-    def __getitem__(self, dimension: Dimension) -> Take:
-        return self._assessed()[dimension]
-
-    def __iter__(self) -> Iterator[Dimension]:
-        return iter(DIMENSIONS)
-
-    def __len__(self) -> int:
-        return len(DIMENSIONS)
 
 
 Group = tuple[Sequence[BucketState | None], Sequence[float], Sequence[Limit]]

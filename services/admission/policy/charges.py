@@ -1,12 +1,22 @@
-"""What a quota charge asks of the buckets and what it got back (pure data): the store
-in ``services.admission.quota`` takes ``Charge``s and answers ``Charged``s, and the
+"""What a quota charge asks of the buckets and what it got back (pure): the store in
+``services.admission.quota`` takes ``Charge``s and answers ``Charged``s, and the
 decisions (``decisions.py``) build and read them without touching Redis."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from services.admission.policy.bucket import Dimension, QuotaDecision, TierConfig
+from services.admission.policy.bucket import (
+    DIMENSIONS,
+    BucketState,
+    Dimension,
+    Limit,
+    QuotaDecision,
+    Take,
+    TierConfig,
+    assess,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +61,48 @@ class Charged:
     replayed: bool = False
     """The marker said this request was charged before: the earlier outcomes, nothing
     spent now."""
+
+
+class Assessed(Mapping[Dimension, Take]):
+    """The ``Take`` of each dimension of an admitted charge, assessed when first read.
+
+    ``figures`` are the buckets' stored states, flat (tokens, ts, burst per dimension, in
+    ``DIMENSIONS`` order), as the quota script returns them. Only a rejection puts these
+    figures on a reply; an admitted request's are read by tests and views at most, and
+    building them for every request was a tenth of admission's time."""
+
+    __slots__ = ("_costs", "_figures", "_limits", "_takes")
+
+    def __init__(
+        self,
+        figures: Sequence[float | str | bytes],
+        costs: Sequence[float],
+        limits: Sequence[Limit],
+    ) -> None:
+        self._figures = figures
+        self._costs = costs
+        self._limits = limits
+        self._takes: dict[Dimension, Take] | None = None
+
+    def _assessed(self) -> dict[Dimension, Take]:
+        if self._takes is None:
+            f = self._figures
+            self._takes = {
+                d: assess(
+                    BucketState(float(f[3 * i]), float(f[3 * i + 1]), float(f[3 * i + 2])),
+                    self._costs[i],
+                    self._limits[i],
+                    allowed=True,
+                )
+                for i, d in enumerate(DIMENSIONS)
+            }
+        return self._takes
+
+    def __getitem__(self, dimension: Dimension) -> Take:
+        return self._assessed()[dimension]
+
+    def __iter__(self) -> Iterator[Dimension]:
+        return iter(DIMENSIONS)
+
+    def __len__(self) -> int:
+        return len(DIMENSIONS)

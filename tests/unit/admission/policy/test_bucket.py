@@ -12,7 +12,6 @@ from schemas import RateLimitInfo, Tier
 from services.admission.policy.bucket import (
     DEFAULT_TIERS,
     DIMENSIONS,
-    Assessed,
     BucketState,
     Group,
     Limit,
@@ -29,6 +28,7 @@ from services.admission.policy.bucket import (
     time_until_full,
     ttl_ms,
 )
+from services.admission.policy.charges import Assessed
 
 pytestmark = pytest.mark.unit
 
