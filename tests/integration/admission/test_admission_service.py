@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as aioredis
+from aiokafka.errors import KafkaConnectionError
 
 from schemas import (
     BreakerLevel,
@@ -341,3 +342,48 @@ async def until_async(
     while not done(await poll()):
         assert time.monotonic() < deadline, "not in time"
         await asyncio.sleep(0.05)
+
+
+class _BrokerHiccup:
+    """The dispatcher's producer, refusing its first ``failures`` batches as a broker
+    that is unreachable refuses them (the embedded broker cannot be taken down and
+    brought back with its topics, so the outage is played at the producer)."""
+
+    def __init__(self, producer: Any, failures: int) -> None:
+        self._producer = producer
+        self.failures_left = failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
+        if self.failures_left > 0:
+            self.failures_left -= 1
+            raise KafkaConnectionError("the broker is unreachable (played)")
+        return await self._producer.send_batch(batch, topic, partition=partition)
+
+
+async def test_dispatches_the_broker_did_not_take_wait_and_go_out_once_each(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    s = admission_settings(settings)
+    async with (
+        Admission(s) as admission,
+        ReplyReader(settings, topics) as client,
+        TopicReader(settings, topics.dispatch("main")) as reader,
+        capacity_feed(settings, topics, {"main": 100}),
+    ):
+        hiccup = _BrokerHiccup(admission._dispatcher._producer, failures=3)
+        admission._dispatcher._producer = hiccup  # type: ignore[assignment]
+        requests = [
+            inference_request(f"r{i}", client.topic, tenant=f"t{i % 3}", tier=Tier.ENTERPRISE)
+            for i in range(20)
+        ]
+        await send_all(settings, topics.requests(Priority.VIP), requests)
+        await reader.until(topics.dispatch("main"), 20, timeout_s=60)
+        await until(lambda: admission.backlog(Priority.VIP) == 0, timeout_s=10)
+        dispatched = await dispatched_by_id(reader, topics)  # asserts: none twice
+        assert not admission.failed.is_set()
+    assert hiccup.failures_left == 0
+    assert set(dispatched) == {f"r{i}" for i in range(20)}
+    assert not client.terminals  # nothing was answered instead of dispatched
