@@ -6,11 +6,13 @@
 -- ARGV[1]  'take'   charges: every bucket of a charge pays its cost, or none does
 --          'adjust' apply a signed correction to every bucket (outcome 'adjusted')
 -- ARGV[2]  TTL margin in milliseconds
--- ARGV[3]  L, the number of distinct limits; then 4 per limit: capacity, rate,
+-- ARGV[3]  the figures, numbers separated by spaces (F below; one argument: as a dozen
+--          per charge, the client's encoding of each cost more than the charge):
+--          L, the number of distinct limits; then 4 per limit: capacity, rate,
 --          burst_capacity, burst_rate (a tier's limits travel once per call, not once
---          per request)
--- then per charge: nkeys, split, marker TTL, reservation TTL, then two per bucket:
---          cost (or delta) and the index (1-based) of its limit
+--          per request);
+--          then per charge: nkeys, split, marker TTL, reservation TTL, then two per
+--          bucket: cost (or delta) and the index (1-based) of its limit
 --   nkeys           how many of KEYS are this charge's (they follow the previous
 --                   charge's): one hash per bucket (fields tokens, burst, ts), then,
 --                   with a marker, the request's idempotency marker, then, with a
@@ -44,12 +46,17 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+local F = {}
+for figure in string.gmatch(ARGV[3], '%S+') do
+  F[#F + 1] = figure
+end
+
 local limits = {}
-local nlimits = tonumber(ARGV[3])
+local nlimits = tonumber(F[1])
 for j = 1, nlimits do
-  local a = 3 + (j - 1) * 4
-  limits[j] = {tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
-               tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])}
+  local a = 1 + (j - 1) * 4
+  limits[j] = {tonumber(F[a + 1]), tonumber(F[a + 2]),
+               tonumber(F[a + 3]), tonumber(F[a + 4])}
 end
 
 -- The reply of a charge: its head, then each bucket's state.
@@ -79,7 +86,7 @@ local function fits(buckets, first, last)
   return outcome
 end
 
--- One charge: KEYS[k0 + 1 .. k0 + nkeys], its figures from ARGV[a0 + 1].
+-- One charge: KEYS[k0 + 1 .. k0 + nkeys], its figures from F[a0 + 1].
 local function charge(k0, a0, nkeys, split, marker_ttl, reservation_ttl)
   local nbuckets = nkeys
   local reservation = nil
@@ -95,10 +102,10 @@ local function charge(k0, a0, nkeys, split, marker_ttl, reservation_ttl)
 
   local buckets = {}
   for i = 1, nbuckets do
-    local lim = limits[tonumber(ARGV[a0 + 2 * i])]
+    local lim = limits[tonumber(F[a0 + 2 * i])]
     local b = {
       key = KEYS[k0 + i],
-      cost = tonumber(ARGV[a0 + 2 * i - 1]),
+      cost = tonumber(F[a0 + 2 * i - 1]),
       cap = lim[1],
       rate = lim[2],
       bcap = lim[3],
@@ -186,10 +193,10 @@ local function charge(k0, a0, nkeys, split, marker_ttl, reservation_ttl)
 end
 
 local replies = {}
-local k0, a, nargs = 0, 3 + nlimits * 4, #ARGV
+local k0, a, nargs = 0, 1 + nlimits * 4, #F
 while a < nargs do
-  local nkeys, split = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local marker_ttl, reservation_ttl = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local nkeys, split = tonumber(F[a + 1]), tonumber(F[a + 2])
+  local marker_ttl, reservation_ttl = tonumber(F[a + 3]), tonumber(F[a + 4])
   local nbuckets = nkeys
   if mode == 'take' and marker_ttl > 0 then nbuckets = nbuckets - 1 end
   if mode == 'take' and reservation_ttl > 0 then nbuckets = nbuckets - 1 end
