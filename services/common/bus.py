@@ -80,7 +80,9 @@ async def send_batched(
     A record larger than a batch travels alone in one, so a record the broker refuses
     for its size fails alone."""
     loop = asyncio.get_running_loop()
-    partitions: dict[str, list[int]] = {}
+    partitions: dict[str, list[int] | Exception] = {}
+    """Per topic, its partitions, or why they could not be had: asked once per call, as
+    the producer waits for the metadata (up to its request timeout) each time."""
     open_batches: dict[tuple[str, int], tuple[Any, list[int]]] = {}
     acks: list[asyncio.Future[Any] | None] = [None] * len(records)
 
@@ -99,14 +101,15 @@ async def send_batched(
             known = partitions.get(record.topic)
             if known is None:
                 try:
-                    known = partitions[record.topic] = sorted(
-                        await producer.partitions_for(record.topic)
-                    )
+                    known = sorted(await producer.partitions_for(record.topic))
                 except Exception as e:
-                    failed: asyncio.Future[Any] = loop.create_future()
-                    failed.set_exception(e)
-                    acks[index] = failed
-                    continue
+                    known = e
+                partitions[record.topic] = known
+            if isinstance(known, Exception):
+                failed: asyncio.Future[Any] = loop.create_future()
+                failed.set_exception(known)
+                acks[index] = failed
+                continue
             partition = _BY_KEY(record.key, known, known)
         tp = (record.topic, partition)
         current = open_batches.get(tp)

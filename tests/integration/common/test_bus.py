@@ -9,7 +9,7 @@ import time
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import TopicPartition
-from aiokafka.errors import ProducerClosed
+from aiokafka.errors import KafkaTimeoutError, ProducerClosed
 
 from schemas import DeadLetter, InferenceRequest
 from schemas.deadletter import EXCERPT_BYTES
@@ -176,6 +176,35 @@ async def test_a_batch_the_producer_does_not_take_fails_its_records_without_rais
     for ack in acks:
         with pytest.raises(ProducerClosed):
             await ack
+
+
+async def test_a_topic_whose_partitions_cannot_be_had_is_asked_once_per_call(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    producer = make_producer(settings)
+    await producer.start()
+    asked: list[str] = []
+
+    async def no_metadata(topic: str) -> set[int]:
+        # The broker's metadata out of reach (played: the producer would wait for it
+        # up to its request timeout each time it is asked).
+        asked.append(topic)
+        raise KafkaTimeoutError()
+
+    real = producer.partitions_for
+    producer.partitions_for = no_metadata  # type: ignore[method-assign]
+    try:
+        keyed = [Outgoing(topics.dispatch("main"), b"v", f"k{i}".encode()) for i in range(5)]
+        placed = Outgoing(topics.dispatch("main"), b"placed", b"k", partition=0)
+        acks = await send_batched(producer, [*keyed, placed])
+        assert asked == [topics.dispatch("main")]
+        for ack in acks[:5]:
+            with pytest.raises(KafkaTimeoutError):
+                await ack
+        await acks[5]  # a record with its partition goes out all the same
+    finally:
+        producer.partitions_for = real  # type: ignore[method-assign]
+        await producer.stop()
 
 
 async def test_redis_answers_with_ttl(settings: CommonSettings, redis: aioredis.Redis) -> None:
