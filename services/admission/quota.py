@@ -239,7 +239,7 @@ def _decision(
         for d, s, cost, lim in zip(DIMENSIONS, _states(figures), costs, limits, strict=True)
     }
     return make_decision(
-        "reject", takes, item.costs, {"requests": limits[0], "tokens": limits[1]}, now
+        "reject", takes, item.costs, dict(zip(DIMENSIONS, limits, strict=True)), now
     )
 
 
