@@ -95,6 +95,21 @@ def wait_up(proc: subprocess.Popen[str], timeout_s: float = 150) -> str:
     raise StackDidNotStart("the stack did not come up:\n" + "".join(seen))
 
 
+LOG_TAIL_LINES = 15
+LOG_WARNINGS = 30
+
+
+def print_log_tails(logs: Path) -> None:
+    """Each service's last warnings and errors and its last lines, printed for the
+    failure report: a test that fails only on a loaded CI machine is diagnosed from
+    what the services said."""
+    for log in sorted(logs.glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        warnings = [x for x in lines if "level=WARNING" in x or "level=ERROR" in x]
+        print(f"--- {log.name}: last warnings and errors ---", *warnings[-LOG_WARNINGS:], sep="\n")
+        print(f"--- {log.name}: last lines ---", *lines[-LOG_TAIL_LINES:], sep="\n")
+
+
 @contextmanager
 def launch(
     state: Path, redis_url: str, *extra: str, env: dict[str, str] | None = None
@@ -126,6 +141,9 @@ def launch(
     stack = Stack(proc, f"http://127.0.0.1:{ingress_port}", env, settings)
     try:
         yield stack
+    except BaseException:
+        print_log_tails(state / "logs")
+        raise
     finally:
         children = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGTERM)
