@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+import random
 import shutil
 import socket
 from pathlib import Path
@@ -37,11 +38,47 @@ def port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED_PORT = 10_000
+"""Below this are the ports well-known servers default to (Redis 6379, Kafka 9092...)."""
+PICK_ATTEMPTS = 200
+
+
+def ephemeral_ports(source: Path = EPHEMERAL_RANGE_FILE) -> range | None:
+    """The ports the kernel gives outgoing connections (Linux's
+    ``ip_local_port_range``); ``None`` where it cannot be read."""
+    try:
+        low, high = (int(x) for x in source.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return range(low, high + 1)
+
+
+def free_port(host: str = "127.0.0.1", ephemeral: range | None = None) -> int:
+    """A port free now on ``host``, for a server that binds it a moment later (a child
+    process). Where the kernel's ephemeral range is known, the port is picked outside
+    it: every outgoing connection takes its local port from that range, so a port
+    from it can be taken before the server binds it — a service whose metrics port a
+    Kafka client's connection took failed to start, was restarted on the same port,
+    and its pool served nothing. ``ephemeral``: that range (read from the kernel by
+    default)."""
+    taken = ephemeral if ephemeral is not None else ephemeral_ports()
+    if taken is not None:
+        rng = random.SystemRandom()
+        for _ in range(PICK_ATTEMPTS):
+            port = rng.randrange(LOWEST_PICKED_PORT, 65_536)
+            if port in taken:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+        picked: int = s.getsockname()[1]
+        return picked
 
 
 def broker_binary() -> str:

@@ -4,7 +4,6 @@ nothing else."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,16 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from seawall.embedded import free_port
 from tests.observability.conftest import DEPLOY, tool
 
 ALERTMANAGER = DEPLOY / "alertmanager" / "alertmanager.yml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
