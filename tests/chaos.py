@@ -22,6 +22,7 @@ from aiokafka import TopicPartition
 from schemas import InferenceReply, Priority, ReasonCode, ReplyChunk, ReplyStatus
 from seawall_client import SeawallClient
 from services.common.bus import make_consumer, topics_of
+from services.common.lifecycle import cancel_tasks
 from tests.faults import TcpProxy
 from tests.stack import Stack
 
@@ -135,8 +136,7 @@ class LagSampler:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_tasks({self._task})
 
     async def _run(self) -> None:
         settings = self._stack.settings

@@ -27,6 +27,7 @@ from seawall_client.kafka import ensure_topics
 from seawall_client.serde import COMPLETION, REPLY, TELEMETRY, decode, encode
 from seawall_client.topics import Topics
 from services.common.bus import make_consumer, make_producer
+from services.common.lifecycle import cancel_tasks
 from services.common.settings import CommonSettings
 from services.workers.engine.factory import build_engine
 from services.workers.engine.sim import SimulatedEngine
@@ -180,11 +181,10 @@ def sim_worker(settings: WorkerSettings) -> Worker:
 @contextlib.asynccontextmanager
 async def in_background(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
     """Run ``work`` (a loop that feeds the system under test) while the block runs, and
-    cancel it when the block ends."""
+    cancel it when the block ends (again and again if it swallows the cancellation, as
+    a producer closing just then does)."""
     task = asyncio.create_task(work)
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_tasks({task})

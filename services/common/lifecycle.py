@@ -108,12 +108,25 @@ async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
     return True
 
 
+RECANCEL_S = 1.0
+"""How long a cancelled task has to end before it is cancelled again."""
+
+
 async def cancel_tasks(tasks: set[asyncio.Task[Any]]) -> None:
-    pending = [t for t in tasks if not t.done()]
-    for t in pending:
-        t.cancel()
-    if pending:
-        await asyncio.gather(*pending, return_exceptions=True)
+    """Cancel ``tasks`` and wait until each has ended, cancelling again every
+    ``RECANCEL_S`` the ones still running. A task can swallow a cancellation and run on:
+    aiokafka's ``AIOKafkaClient.close`` suppresses ``CancelledError`` while it awaits its
+    own metadata task, so a loop cancelled just as it closes a producer carries on (seen:
+    a test's feeder still producing, and its ``gather`` waiting, until CI's timeout).
+    What the tasks raised is retrieved and dropped: a stop does not re-raise it."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+    for t in tasks:
+        if not t.cancelled():
+            t.exception()
 
 
 async def run_until_signalled(component: Component, grace_s: float) -> int:

@@ -19,7 +19,7 @@ from tests.admission_helpers import (
     send_all,
     started,
 )
-from tests.fleet import sim_worker, until, worker_settings
+from tests.fleet import in_background, sim_worker, until, worker_settings
 from tests.integration.controller.test_controller import control_log, controller, level_is
 
 
@@ -61,51 +61,47 @@ async def test_controller_decisions_change_what_admission_dispatches(
                     await send_all(settings, topics.requests(Priority.STANDARD), [standard])
                 await asyncio.sleep(0.1)
 
-        load = asyncio.create_task(traffic())
-        try:
-            async with asyncio.timeout(180):  # fail with a reason, never hang CI
-                key = "degradation/pool:main"
-                await until(lambda: control.first(key, level_is(2)) is not None, 90)
-                degraded = control.first(key, level_is(2))
-                assert isinstance(degraded, DegradationLevel)
+        async with (
+            in_background(traffic()),
+            asyncio.timeout(180),
+        ):  # fail with a reason, never hang CI
+            key = "degradation/pool:main"
+            await until(lambda: control.first(key, level_is(2)) is not None, 90)
+            degraded = control.first(key, level_is(2))
+            assert isinstance(degraded, DegradationLevel)
 
-                def applied() -> bool:
-                    event = admission.control.get(DegradationLevel, "pool:main")
-                    return event is not None and event.level >= 2
+            def applied() -> bool:
+                event = admission.control.get(DegradationLevel, "pool:main")
+                return event is not None and event.level >= 2
 
-                await until(applied)
-                # A long standard request is now diverted and capped; a long VIP one capped only.
-                standard = inference_request(
-                    "after-standard", replies, tenant="late-co", max_tokens=2000
+            await until(applied)
+            # A long standard request is now diverted and capped; a long VIP one capped only.
+            standard = inference_request(
+                "after-standard", replies, tenant="late-co", max_tokens=2000
+            )
+            vip = inference_request(
+                "after-vip",
+                replies,
+                tenant="late-vip-co",
+                max_tokens=2000,
+                tier=Tier.ENTERPRISE,
+                priority=Priority.VIP,
+            )
+            await send_all(settings, topics.requests(Priority.STANDARD), [standard])
+            await send_all(settings, topics.requests(Priority.VIP), [vip])
+
+            def seen(rid: str) -> bool:
+                return any(
+                    d.request.request_id == rid for t in (main, small) for d in reader.dispatched(t)
                 )
-                vip = inference_request(
-                    "after-vip",
-                    replies,
-                    tenant="late-vip-co",
-                    max_tokens=2000,
-                    tier=Tier.ENTERPRISE,
-                    priority=Priority.VIP,
-                )
-                await send_all(settings, topics.requests(Priority.STANDARD), [standard])
-                await send_all(settings, topics.requests(Priority.VIP), [vip])
 
-                def seen(rid: str) -> bool:
-                    return any(
-                        d.request.request_id == rid
-                        for t in (main, small)
-                        for d in reader.dispatched(t)
-                    )
-
-                # The main pool's worker may be isolated by its own breaker by now; it
-                # serves again after a half-open decision, whose probes are granted once
-                # per decision (not per re-publication): allow for a second round.
-                deadline = time.monotonic() + 120
-                while not (seen("after-standard") and seen("after-vip")):
-                    assert time.monotonic() < deadline, "the requests were not dispatched"
-                    await reader.poll()
-        finally:
-            load.cancel()
-            await asyncio.gather(load, return_exceptions=True)
+            # The main pool's worker may be isolated by its own breaker by now; it
+            # serves again after a half-open decision, whose probes are granted once
+            # per decision (not per re-publication): allow for a second round.
+            deadline = time.monotonic() + 120
+            while not (seen("after-standard") and seen("after-vip")):
+                assert time.monotonic() < deadline, "the requests were not dispatched"
+                await reader.poll()
 
     (to_small,) = [d for d in reader.dispatched(small) if d.request.request_id == "after-standard"]
     assert to_small.pool == "small"

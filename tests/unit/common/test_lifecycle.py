@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from services.common.lifecycle import Component, wait_set
+from services.common import lifecycle
+from services.common.lifecycle import Component, cancel_tasks, wait_set
 
 
 class Looper(Component):
@@ -92,3 +93,40 @@ async def test_wait_set_says_whether_the_event_came_in_time() -> None:
     assert await wait_set(event, 0.01) is False
     event.set()
     assert await wait_set(event, 0.01) is True
+
+
+async def test_cancel_tasks_ends_a_task_that_swallows_its_cancellation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As aiokafka's client close does: the first cancellation is suppressed and the
+    task goes on; it is cancelled again until it ends."""
+    monkeypatch.setattr(lifecycle, "RECANCEL_S", 0.01)
+    cancels = 0
+
+    async def stubborn() -> None:
+        nonlocal cancels
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancels += 1
+                if cancels == 3:
+                    raise
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancel_tasks({task}), 5)
+    assert task.cancelled()
+    assert cancels == 3
+
+
+async def test_a_stop_does_not_reraise_what_a_task_raised() -> None:
+    async def failing() -> None:
+        raise RuntimeError("boom")
+
+    done = asyncio.create_task(failing())
+    running = asyncio.create_task(asyncio.Event().wait())
+    await asyncio.sleep(0)
+    await cancel_tasks({done, running})
+    assert running.cancelled()
+    assert isinstance(done.exception(), RuntimeError)
