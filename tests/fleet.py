@@ -182,9 +182,11 @@ def sim_worker(settings: WorkerSettings) -> Worker:
 async def in_background(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
     """Run ``work`` (a loop that feeds the system under test) while the block runs, and
     cancel it when the block ends (again and again if it swallows the cancellation, as
-    a producer closing just then does)."""
+    a producer closing just then does). What ``work`` raised is raised here."""
     task = asyncio.create_task(work)
     try:
         yield
     finally:
         await cancel_tasks({task})
+    if not task.cancelled() and (failure := task.exception()) is not None:
+        raise failure
