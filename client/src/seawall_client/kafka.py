@@ -141,6 +141,19 @@ class Producer(AIOKafkaProducer):  # type: ignore[misc]
         return await super().send_batch(batch, topic, partition=partition)
 
 
+MAX_BATCH_BYTES = 256 * 1024
+"""A producer's record batch per partition, at most (aiokafka's default: 16 KiB).
+
+aiokafka keeps one produce request in flight per broker, and a partition's batch, once
+full, makes the next record (``send``) or batch (``send_batch``) for that partition wait
+until the sender has taken it. At 16 KiB a batch held about 15 dispatch records, so a
+dispatch round of a couple of hundred waited for two or three broker round trips: the
+admission benchmark spent two thirds of its dispatch rounds there, and rose from about
+9,000 to 12,500 decisions/s at this size. Far below the broker's per-batch limit
+(Apache Kafka's ``message.max.bytes``, 1 MB by default); a batch's buffer grows with
+what it holds, so a quiet producer allocates no more."""
+
+
 def new_producer(config: KafkaConfig, **overrides: Any) -> AIOKafkaProducer:
     options: dict[str, Any] = {
         "bootstrap_servers": config.bootstrap,
@@ -149,6 +162,7 @@ def new_producer(config: KafkaConfig, **overrides: Any) -> AIOKafkaProducer:
         "enable_idempotence": config.idempotence,
         "linger_ms": 1,
         "request_timeout_ms": 15_000,
+        "max_batch_size": MAX_BATCH_BYTES,
     }
     options.update(overrides)
     return Producer(**options)

@@ -13,12 +13,15 @@ from aiokafka.errors import KafkaTimeoutError, ProducerClosed
 
 from schemas import DeadLetter, InferenceRequest
 from schemas.deadletter import EXCERPT_BYTES
-from seawall_client.kafka import ensure_topics
+from seawall_client.kafka import MAX_BATCH_BYTES, ensure_topics
 from seawall_client.serde import REQUEST, DecodeError, decode, encode
 from seawall_client.topics import Topics
 from services.common.bus import Outgoing, make_consumer, make_producer, send_batched
 from services.common.deadletters import DeadLetters
 from services.common.settings import CommonSettings
+
+BIG = b"x" * (MAX_BATCH_BYTES + 10_000)
+"""A record larger than a producer's batch: it travels alone in one."""
 
 
 def _request(i: int, reply_to: str) -> InferenceRequest:
@@ -128,7 +131,7 @@ async def test_batched_records_arrive_in_order_on_the_partition_their_key_picks(
         Outgoing(topic, f"k{i}-{n}".encode(), f"k{i}".encode()) for n in range(40) for i in range(7)
     ]
     placed = [Outgoing(topic, f"p-{n}".encode(), b"ignored", partition=2) for n in range(30)]
-    big = Outgoing(topic, b"x" * 100_000, b"big", partition=1)  # larger than a batch
+    big = Outgoing(topic, BIG, b"big", partition=1)
     producer = make_producer(settings)
     await producer.start()
     try:
@@ -158,7 +161,7 @@ async def test_batched_records_arrive_in_order_on_the_partition_their_key_picks(
     assert [v for v in by_partition[2] if v.startswith(b"p-")] == [
         f"p-{n}".encode() for n in range(30)
     ]
-    assert b"x" * 100_000 in by_partition[1]
+    assert BIG in by_partition[1]
     for i in range(7):
         mine = [v for vs in by_partition.values() for v in vs if v.startswith(f"k{i}-".encode())]
         assert mine == [f"k{i}-{n}".encode() for n in range(40)]  # in order
