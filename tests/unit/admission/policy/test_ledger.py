@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.admission.policy.cost import Cost
-from services.admission.policy.ledger import Ledger, Sums
+from services.admission.policy.ledger import SLICE_S, Ledger, Sums
 
 pytestmark = pytest.mark.unit
 
@@ -20,14 +20,15 @@ ops = st.lists(
         st.tuples(
             st.just("add"),
             st.integers(0, 30),  # request id
-            st.integers(0, 3).map(float),  # time step: ties are the edge cases
+            # time steps: ties are the edge cases, and several times within one slice
+            st.sampled_from([0.0, 0.0, 0.004, 0.01, SLICE_S, 1.0, 3.0]),
             st.tuples(st.integers(0, 5000), st.integers(0, 2000)),
             st.sampled_from([*WORKERS, None]),
         ),
         st.tuples(st.just("pop"), st.integers(0, 30)),
-        st.tuples(st.just("expire"), st.integers(0, 40).map(float)),
+        st.tuples(st.just("expire"), st.integers(0, 4000).map(lambda t: t / 100)),
     ),
-    max_size=80,
+    max_size=120,
 )
 
 
@@ -47,7 +48,7 @@ def naive(
     return out, rest
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(ops=ops, data=st.data())
 def test_totals_and_since_sums_match_a_walk_of_every_entry(
     ops: list[tuple[object, ...]], data: st.DataObject
@@ -83,7 +84,7 @@ def test_totals_and_since_sums_match_a_walk_of_every_entry(
     # times asked about: mostly the entries' own (ties are the edge cases), or any
     times = st.one_of(
         st.sampled_from(sorted({at for at, _, _ in model.values()} | {-1.0})),
-        st.integers(-1, 60).map(float),
+        st.integers(-100, 6000).map(lambda t: t / 100),
     )
     asked = data.draw(st.dictionaries(st.sampled_from(WORKERS), times))
     others = data.draw(st.one_of(times, st.just(math.inf)))
