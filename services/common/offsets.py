@@ -22,7 +22,9 @@ class OffsetTracker(Generic[P]):
         self._committable: dict[P, int] = {}
 
     def track(self, partition: P, offset: int) -> None:
-        offsets = self._inflight.setdefault(partition, OrderedDict())
+        offsets = self._inflight.get(partition)
+        if offsets is None:  # not setdefault: an OrderedDict built per record
+            offsets = self._inflight[partition] = OrderedDict()
         if offsets and offset <= next(reversed(offsets)):
             raise ValueError(f"offset {offset} tracked out of order on {partition!r}")
         offsets[offset] = False

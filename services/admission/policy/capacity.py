@@ -359,7 +359,10 @@ class FleetCapacity:
 
     # -- internals -------------------------------------------------------------------
     def _pool(self, pool: str) -> _Pool:
-        return self._pools.setdefault(pool, _Pool())
+        found = self._pools.get(pool)
+        if found is None:  # not setdefault: a _Pool (and its ledger) built per call
+            found = self._pools[pool] = _Pool()
+        return found
 
     def _live(self, pool: str, now: float) -> list[tuple[str, WorkerState]]:
         silent = [

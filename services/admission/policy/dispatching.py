@@ -187,15 +187,22 @@ def _fill(
     now: float,
     out: Round[W],
 ) -> None:
+    # Per class with work: its oldest queue and the load the scheduler sees. A pick
+    # changes the chosen class's alone, so only that one is looked up again.
+    backlog = {cls: sum(len(d) for d in dqs) for cls, dqs in classes.items()}
+    heads: dict[Priority, deque[W]] = {}
+    waiting: dict[Priority, ClassLoad] = {}
+    for cls, dqs in classes.items():
+        dq = _oldest(dqs)
+        if dq is not None:
+            heads[cls] = dq
+            waiting[cls] = ClassLoad(backlog[cls], now - dq[0].since)
     while True:
-        heads: dict[Priority, deque[W]] = {}
-        loads: dict[Priority, ClassLoad] = {}
-        for cls, dqs in classes.items():
-            dq = _oldest(dqs)
-            if dq is not None and budget.fits(dq[0].cost, cls is Priority.VIP):
-                heads[cls] = dq
-                backlog = sum(len(d) for d in dqs)
-                loads[cls] = ClassLoad(backlog, now - dq[0].since)
+        loads = {
+            cls: load
+            for cls, load in waiting.items()
+            if budget.fits(heads[cls][0].cost, cls is Priority.VIP)
+        }
         if not loads:
             # Nothing fits: the round is over, but the classes still have work. Asking
             # the scheduler with no class would reset every floor and credit (a class
@@ -209,6 +216,13 @@ def _fill(
         vip = chosen is Priority.VIP
         out.placements.append(budget.take(w.cost, vip, key=w.key, session=w.session))
         out.picked.append(w)
+        backlog[chosen] -= 1
+        head = _oldest(classes[chosen])
+        if head is None:
+            del heads[chosen], waiting[chosen]
+        else:
+            heads[chosen] = head
+            waiting[chosen] = ClassLoad(backlog[chosen], now - head[0].since)
 
 
 def forecasts(

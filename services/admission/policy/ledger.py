@@ -108,9 +108,9 @@ class Ledger:
         if piece is None:
             piece = self._slices[key] = _Slice()
         piece.entries[request_id] = entry
-        piece.by_worker.setdefault(worker, Sums()).add(cost)
+        _give(piece.by_worker, worker, cost)
         self.total.add(cost)
-        self._by_worker.setdefault(worker, Sums()).add(cost)
+        _give(self._by_worker, worker, cost)
 
     def pop(self, request_id: str) -> None:
         entry = self._entries.pop(request_id, None)
@@ -191,6 +191,14 @@ class Ledger:
                     else:
                         rest.plus(sums)
         return out, rest
+
+
+def _give(sums: dict[str | None, Sums], worker: str | None, cost: Cost) -> None:
+    """Add ``cost`` to ``worker``'s sums (not ``setdefault``: a ``Sums`` built per call)."""
+    mine = sums.get(worker)
+    if mine is None:
+        mine = sums[worker] = Sums()
+    mine.add(cost)
 
 
 def _take(sums: dict[str | None, Sums], worker: str | None, cost: Cost) -> None:

@@ -15,9 +15,11 @@ from seawall_client.clock import ManualClock
 from services.admission.policy.bucket import DEFAULT_TIERS
 from services.admission.policy.capacity import FleetCapacity
 from services.admission.policy.config import PolicyConfig
+from services.admission.policy.cost import Cost
 from services.admission.policy.decisions import AdmissionPolicy
-from services.admission.policy.dispatching import pick, take_oldest
-from services.admission.policy.scheduler import PriorityScheduler
+from services.admission.policy.dispatching import Round, _fill, pick, take_oldest
+from services.admission.policy.round_budget import PoolView, RoundBudget
+from services.admission.policy.scheduler import ClassLoad, PriorityScheduler
 from services.admission.policy.workers import CapacityConfig
 from services.common.control_state import ControlState
 from tests.admission_helpers import Item
@@ -158,3 +160,66 @@ def test_a_pool_with_one_free_slot_a_round_still_gives_bulk_its_share() -> None:
     # bulk's floor guarantees more than 100 x 5 % - 2; its weight (1 of 7 against VIP's
     # 6, boosted by its wait) gives it far more
     assert order.count("bulk") >= 10
+
+
+def _fill_naive(
+    classes: dict[Priority, list[deque[Item]]],
+    budget: RoundBudget,
+    scheduler: PriorityScheduler,
+    now: float,
+) -> list[str]:
+    """A round filled by looking every class up again at every pick."""
+    picked: list[str] = []
+    while True:
+        heads: dict[Priority, deque[Item]] = {}
+        loads: dict[Priority, ClassLoad] = {}
+        for cls, dqs in classes.items():
+            dq = min((d for d in dqs if d), key=lambda d: d[0].since, default=None)
+            if dq is not None and budget.fits(dq[0].cost, cls is Priority.VIP):
+                heads[cls] = dq
+                loads[cls] = ClassLoad(sum(len(d) for d in dqs), now - dq[0].since)
+        chosen = scheduler.next(loads) if loads else None
+        if chosen is None:
+            return picked
+        w = heads[chosen].popleft()
+        budget.take(w.cost, chosen is Priority.VIP)
+        picked.append(w.name)
+
+
+@given(
+    content=st.lists(
+        st.tuples(
+            st.sampled_from([VIP, STANDARD, BULK]),
+            st.integers(0, 2),  # which of the class's queues (several feed one pool)
+            st.integers(0, 120),  # waiting since, seconds before now: ages boost weights
+            st.integers(0, 3000),  # prompt tokens
+        ),
+        max_size=60,
+    ),
+    slots=st.integers(0, 70),
+    prefill=st.sampled_from([0, 5000, 40_000]),
+)
+def test_a_round_picks_as_if_every_class_were_looked_up_at_every_pick(
+    content: list[tuple[Priority, int, int, int]], slots: int, prefill: int
+) -> None:
+    now = 1000.0
+
+    def build() -> dict[Priority, list[deque[Item]]]:
+        classes: dict[Priority, list[deque[Item]]] = {}
+        for i, (cls, queue, age, prompt) in enumerate(content):
+            dqs = classes.setdefault(cls, [deque(), deque(), deque()])
+            dqs[queue].append(Item(f"r{i}", now - age, Cost(prompt, 16)))
+        for dqs in classes.values():  # each queue in arrival order, as a backlog keeps it
+            for dq in dqs:
+                ordered = sorted(dq, key=lambda w: w.since)
+                dq.clear()
+                dq.extend(ordered)
+        return classes
+
+    def budget() -> RoundBudget:
+        view = PoolView(1, slots, 0, slots, prefill_budget=prefill)
+        return RoundBudget(view, vip_reserve=0.1)
+
+    out: Round[Item] = Round()
+    _fill(build(), budget(), PriorityScheduler(), now, out)
+    assert [w.name for w in out.picked] == _fill_naive(build(), budget(), PriorityScheduler(), now)
