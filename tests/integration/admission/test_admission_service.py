@@ -29,6 +29,7 @@ from schemas import (
     Tier,
 )
 from seawall_client.topics import RedisKeys, Topics
+from services.admission.intake import CHARGES_IN_FLIGHT
 from services.admission.quota import quota_key
 from services.admission.service import Admission
 from services.common.settings import CommonSettings
@@ -387,3 +388,56 @@ async def test_dispatches_the_broker_did_not_take_wait_and_go_out_once_each(
     assert hiccup.failures_left == 0
     assert set(dispatched) == {f"r{i}" for i in range(20)}
     assert not client.terminals  # nothing was answered instead of dispatched
+
+
+class _GatedQuota:
+    """Admission's quota store, holding its first round of charges until ``opened``: a
+    round Redis is slow to answer, for as long as the test likes."""
+
+    def __init__(self, quota: Any) -> None:
+        self._quota = quota
+        self.opened = asyncio.Event()
+        self.rounds = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._quota, name)
+
+    async def charge_many(self, charges: Any) -> Any:
+        self.rounds += 1
+        if self.rounds == 1:
+            await self.opened.wait()
+        return await self._quota.charge_many(charges)
+
+
+async def test_reading_goes_on_while_redis_answers_a_bounded_way(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    admission = Admission(admission_settings(settings, intake_batch=5))
+    gate = _GatedQuota(admission._intake._quota)
+    admission._intake._quota = gate  # type: ignore[assignment]
+    async with (
+        ReplyReader(settings, topics) as client,
+        TopicReader(settings, topics.dispatch("main")) as reader,
+        capacity_feed(settings, topics, {"main": 100}),
+    ):
+        requests = [
+            inference_request(f"r{i}", client.topic, tenant=f"t{i % 3}", tier=Tier.ENTERPRISE)
+            for i in range(40)
+        ]
+        # All waiting before admission reads: every read finds a batch at once.
+        await send_all(settings, topics.requests(Priority.VIP), requests)
+        async with admission:
+            # The first round held: the next batch is read and its charges sent...
+            await until(lambda: gate.rounds >= 2, timeout_s=30)
+            await asyncio.sleep(1.0)
+            # ...but no more than CHARGES_IN_FLIGHT rounds travel, and the second,
+            # answered, is not judged before the first: nothing is dispatched yet.
+            assert gate.rounds == CHARGES_IN_FLIGHT
+            await reader.poll()
+            assert not reader.dispatched(topics.dispatch("main"))
+            gate.opened.set()
+            await reader.until(topics.dispatch("main"), 40, timeout_s=60)
+            dispatched = await dispatched_by_id(reader, topics)  # asserts: none twice
+            assert not admission.failed.is_set()
+    assert set(dispatched) == {f"r{i}" for i in range(40)}
+    assert not client.terminals
