@@ -31,6 +31,9 @@ from seawall_client.topics import Topics
 from services.common.bus import wait_for_broker
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+STARTUP_RESTARTS = 2
+"""Restarts ``seawall up`` waits through before it reports the stack up without a
+service that keeps dying (a bad setting, not a passing clash)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,8 @@ class Part:
     """``None``: not ours (an external broker or Redis)."""
     metrics_url: str = ""
     next_restart: float = 0.0
+    listens: int | None = None
+    """The port a service serves on, besides its metrics (``ServiceSpec.listens``)."""
 
 
 class Stack:
@@ -173,20 +178,34 @@ class Stack:
                 )
         for spec in o.services:
             for i in range(spec.count):
-                name = f"{spec.name}-{i}" if spec.count > 1 else spec.name
-                metrics_port = embedded.free_port()
-                env = {
-                    **self.child_env(name),
-                    **spec.env,
-                    "SEAWALL_METRICS_PORT": str(metrics_port),
-                }
-                proc = ChildProcess(name, [sys.executable, "-m", spec.module], self._log(name), env)
-                proc.start()
-                metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-                address = metrics_url
-                if spec.listens is not None:
-                    address = f"http://127.0.0.1:{spec.listens} (metrics :{metrics_port})"
-                self.services.append(Part(name, address, proc, metrics_url))
+                self.launch(spec, f"{spec.name}-{i}" if spec.count > 1 else spec.name)
+
+    def launch(self, spec: ServiceSpec, name: str) -> Part:
+        """Start one process of ``spec`` as the service ``name``."""
+        env = {**self.child_env(name), **spec.env}
+        proc = ChildProcess(name, [sys.executable, "-m", spec.module], self._log(name), env)
+        part = Part(name, "", proc, listens=spec.listens)
+        self._start(part)
+        self.services.append(part)
+        return part
+
+    @staticmethod
+    def _start(part: Part) -> None:
+        """Start or restart ``part``'s process on a metrics port picked now. A port
+        free when picked can be bound by another server before the child binds it (the
+        other stacks of a test run share the machine); a crash on the taken port then
+        heals on the restart, where reusing the port would fail the same way forever."""
+        assert part.process is not None
+        assert part.process.env is not None
+        port = embedded.free_port()
+        part.process.env["SEAWALL_METRICS_PORT"] = str(port)
+        part.metrics_url = f"http://127.0.0.1:{port}/metrics"
+        part.address = (
+            part.metrics_url
+            if part.listens is None
+            else f"http://127.0.0.1:{part.listens} (metrics :{port})"
+        )
+        part.process.start()
 
     def _log(self, name: str) -> Path:
         return self.options.state_dir / "logs" / f"{name}.log"
@@ -310,17 +329,26 @@ class Stack:
             elif now >= part.next_restart:
                 proc.restarts += 1
                 part.next_restart = 0.0
-                proc.start()
+                self._start(part)
 
     def wait_healthy(self, stop: threading.Event, timeout_s: float = 90.0) -> None:
-        """Wait until every service answers on its metrics endpoint, has died, or a stop
-        is requested."""
+        """Wait until every service answers on its metrics endpoint, a stop is
+        requested, or ``timeout_s`` has passed. A service that dies meanwhile is
+        restarted as ``supervise`` would, so the stack reported up is one whose services
+        serve; one still dying after ``STARTUP_RESTARTS`` restarts is not waited for
+        (the table shows it exited)."""
         deadline = time.monotonic() + timeout_s
-        for part in self.services:
-            assert part.process is not None
-            while not self.healthy(part) and part.process.alive and time.monotonic() < deadline:
-                if stop.wait(0.2):
-                    return
+        while time.monotonic() < deadline:
+            self.supervise()
+            if all(self.healthy(p) or self._given_up(p) for p in self.services):
+                return
+            if stop.wait(0.2):
+                return
+
+    @staticmethod
+    def _given_up(part: Part) -> bool:
+        assert part.process is not None
+        return not part.process.alive and part.process.restarts >= STARTUP_RESTARTS
 
     @staticmethod
     def healthy(part: Part) -> bool:

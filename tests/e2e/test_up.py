@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from rich.console import Console
 
 from seawall import embedded
+from seawall.up import ServiceSpec, Stack, UpOptions
 from tests.stack import spawn_up, wait_up
 
 
@@ -70,8 +75,6 @@ def test_up_then_stop_leaves_no_child(stack: tuple[subprocess.Popen[str], int], 
 
 
 def test_a_taken_broker_port_is_reported_not_moved(tmp_path: Path) -> None:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -89,3 +92,30 @@ def test_a_taken_broker_port_is_reported_not_moved(tmp_path: Path) -> None:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert f"127.0.0.1:{taken} is already taken" in out.stdout
+
+
+def test_a_service_whose_metrics_port_was_taken_is_restarted_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port ``up`` picked free was bound by another server before the service bound
+    it (a parallel test stack did this in CI, and its pool served nothing): the service
+    dies, is restarted on a port picked anew, and ``up`` waits for it before it reports
+    the stack up."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        picks = iter([taken])
+        pick_free = embedded.free_port
+        monkeypatch.setattr(embedded, "free_port", lambda: next(picks, None) or pick_free())
+        stack = Stack(UpOptions(state_dir=tmp_path), Console(file=io.StringIO()))
+        part = stack.launch(ServiceSpec("stand-in", "tests.metrics_only"), "stand-in")
+        try:
+            stack.wait_healthy(threading.Event(), timeout_s=60)
+            assert part.process is not None
+            assert part.process.restarts == 1
+            assert stack.healthy(part)
+            assert f":{taken}/" not in part.metrics_url
+            assert "Address already in use" in part.process.tail(50)
+        finally:
+            stack.stop()
