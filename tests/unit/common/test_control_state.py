@@ -111,3 +111,62 @@ def test_the_cli_view_keeps_expired_decisions() -> None:
     clock.advance(5)
     assert not in_force(breaker, clock.time())
     assert state.get(BreakerState, "pool:main") == breaker
+
+
+_APPLY = st.tuples(
+    st.just("apply"),
+    st.sampled_from(["w1", "w2", "w3"]),
+    st.integers(-2, 3),  # seq, against the last one sent for the key: mostly newer
+    st.integers(-60, 60).map(lambda half_s: half_s / 2),  # issued_at, from the start
+    st.sampled_from([0.5, 5.0, 60.0]),  # valid_for_s
+)
+_STEPS = st.lists(
+    st.one_of(
+        # Applies weigh most: re-publications pile up until the heap is rebuilt.
+        _APPLY,
+        _APPLY,
+        _APPLY,
+        # Halves of a second (exact in binary): the clock lands on deadlines exactly.
+        st.tuples(st.just("advance"), st.integers(0, 80).map(lambda half_s: half_s / 2)),
+        st.tuples(st.just("expire")),
+    ),
+    min_size=30,
+    max_size=150,
+)
+
+
+@given(_STEPS)
+def test_expire_drops_exactly_what_a_scan_of_every_decision_would(steps: list[tuple]) -> None:
+    """``expire`` pops due deadlines from a heap (and rebuilds it as re-publications
+    pile up); a naive model scans every decision kept. They must agree on what is
+    kept, what expires and what is refused, whatever the order of events and time."""
+    clock = ManualClock()
+    state = ControlState(clock)
+    latest: dict[str, BatchLimit] = {}
+    floor: dict[str, int] = {}
+    sent: dict[str, int] = {}
+    for step in steps:
+        if step[0] == "apply":
+            _, worker, step_seq, offset, valid = step
+            seq = sent[worker] = max(1, sent.get(worker, 0) + step_seq)
+            event = limit(seq, seq, worker, T0 + offset, valid)
+            key = event.control_key
+            kept = (key not in latest or latest[key].seq < seq) and seq > floor.get(key, -1)
+            if kept:
+                latest[key] = event
+            assert state.apply(event) == kept
+        elif step[0] == "advance":
+            clock.advance(step[1])
+        else:
+            now = clock.time()
+            expected = {k: e for k, e in latest.items() if not in_force(e, now)}
+            for k, e in expected.items():
+                floor[k] = e.seq
+                del latest[k]
+            assert {e.control_key: e.seq for e in state.expire()} == {
+                k: e.seq for k, e in expected.items()
+            }
+        now = clock.time()
+        assert sorted(e.control_key for e in state.all(BatchLimit)) == sorted(
+            k for k, e in latest.items() if in_force(e, now)
+        )
