@@ -217,12 +217,17 @@ async def kill_matrix(
         return act
 
     def streaming() -> collections.Counter[str]:
-        """Requests mid-stream now, by the main worker streaming them."""
+        """Requests early in their stream now (at most half their tokens seen), by the
+        main worker streaming them. What the client has seen lags the worker by a broker
+        hop or more: a stream seen nearly done may have ended at the worker already, and
+        killing it then takes nothing over (a CI run killed a worker whose four streams
+        had all ended)."""
         return collections.Counter(
             c.chunks[-1].worker_id
             for c in calls
             if not c.terminals
             and c.chunks
+            and sum(ch.tokens for ch in c.chunks) <= traffic.max_tokens // 2
             and c.chunks[-1].worker_id
             and c.chunks[-1].worker_id.startswith("worker-main")
         )
