@@ -29,6 +29,9 @@ class Waiting(Queued):
     tp: TopicPartition
     offset: int
     request: InferenceRequest
+    encoded: bytes
+    """The request as its record carried it (it decoded to ``request``): its dispatch
+    record reuses these bytes (``serde.encode_with``) instead of encoding it again."""
     source: Priority
     """The class of the topic it was read from (what pauses that topic)."""
     accepted: Accepted

@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from schemas import InferenceRequest, Priority, ReasonCode
 from seawall_client.clock import Clock
-from seawall_client.serde import encode
+from seawall_client.serde import encode_with
 from seawall_client.topics import RedisKeys, Topics
 from services.admission import metrics as m
 from services.admission.answers import Answers
@@ -204,7 +204,8 @@ class Dispatcher:
             if placement is not None and placement.pool != d.pool:
                 placement = None  # released to another pool than the round placed it on
             try:
-                value = encode(d)
+                # ``release`` dispatches the very request it was given: its bytes as read.
+                value = encode_with(d, "request", w.encoded)
             except Exception as e:
                 self._answers.fail_waiting(w, e)
                 continue

@@ -59,9 +59,10 @@ from services.common.offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
 
-Item: TypeAlias = tuple[TopicPartition, int, InferenceRequest, Priority]
-"""A request read: its partition, offset, request and class."""
-ScreenedItem: TypeAlias = tuple[TopicPartition, int, InferenceRequest, Priority, Screened]
+Item: TypeAlias = tuple[TopicPartition, int, InferenceRequest, bytes, Priority]
+"""A request read: its partition, offset, request (decoded, and as its record carried
+it) and class."""
+ScreenedItem: TypeAlias = tuple[TopicPartition, int, InferenceRequest, bytes, Priority, Screened]
 """A request read and screened, with what it is to be charged."""
 
 CHARGES_IN_FLIGHT = 2
@@ -204,7 +205,7 @@ class Intake:
         for tp, record, request, cls in decoded:
             error = unusable[request.reply_to]
             if error is None:
-                items.append((tp, record.offset, request, cls))
+                items.append((tp, record.offset, request, record.value, cls))
             else:
                 self._answers.refuse(tp, record, request, cls, error)
         return items
@@ -226,7 +227,7 @@ class Intake:
             else NO_FORECASTS
         )
         screened: list[ScreenedItem] = []
-        for tp, offset, request, cls in items:
+        for tp, offset, request, value, cls in items:
             try:
                 verdict = self._policy.screen(request, cls, self._control, now, lens, ahead)
             except Exception as e:  # a record-level failure: it is answered, nothing stops
@@ -235,10 +236,10 @@ class Intake:
             if isinstance(verdict, Reply):
                 self._answers.reply(tp, offset, request, cls, verdict)
             else:
-                screened.append((tp, offset, request, cls, verdict))
+                screened.append((tp, offset, request, value, cls, verdict))
         if not screened:
             return None
-        charges = [self._charge_of(r, s, now) for _, _, r, _, s in screened]
+        charges = [self._charge_of(r, s, now) for _, _, r, _, _, s in screened]
         return _Charging(screened, asyncio.create_task(self._charge(charges)))
 
     async def _judge(self, charging: _Charging) -> None:
@@ -248,7 +249,7 @@ class Intake:
         charged = await charging.charged
         now = self._clock.time()
         accepted: list[Waiting] = []
-        for i, (tp, offset, request, cls, s) in enumerate(screened):
+        for i, (tp, offset, request, value, cls, s) in enumerate(screened):
             if charged is None:  # Redis down: the tier's policy; no region check
                 c = Charged(
                     on_redis_down(s.tenant.config.tier, self._settings.quota_retry_after_s), None
@@ -265,7 +266,9 @@ class Intake:
                 await self._hints.hint(request.tenant, c.tenant)
             else:
                 accepted.append(
-                    Waiting(tp, offset, request, cls, judged, self._clock.monotonic(), c.replayed)
+                    Waiting(
+                        tp, offset, request, value, cls, judged, self._clock.monotonic(), c.replayed
+                    )
                 )
         self._backlog.add(accepted)
         self._wake()

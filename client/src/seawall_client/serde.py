@@ -65,6 +65,20 @@ def encode(message: BaseModel) -> bytes:
     return message.model_dump_json().encode()
 
 
+def encode_with(message: BaseModel, field: str, field_json: bytes) -> bytes:
+    """``message`` as JSON, with ``field``'s value written as ``field_json``: the JSON a
+    record carried for that same value, read and validated (by ``decode``) where it
+    came from. A consumer decodes the result to what ``encode(message)`` decodes to;
+    the value is not encoded a second time (admission forwards each request into its
+    dispatch record this way: encoding the request again was 4 µs of a decision's 75).
+
+    Only for JSON this process decoded into the very value ``message`` holds: the bytes
+    are written as they are."""
+    rest = message.model_dump_json(exclude={field}).encode()
+    head = b"".join((b'{"', field.encode(), b'":', field_json))
+    return head + (b"}" if rest == b"{}" else b"," + rest[1:])
+
+
 def describe(error: ValidationError) -> str:
     """A readable summary of a validation error that never echoes the input (which may
     hold a prompt or a secret)."""

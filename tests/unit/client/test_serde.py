@@ -7,8 +7,16 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
-from schemas import InferenceRequest
+from schemas import (
+    ChatMessage,
+    Degradation,
+    DispatchedRequest,
+    InferenceRequest,
+    SamplingParams,
+    ShadowOrder,
+)
 from seawall_client.serde import (
     CONTROL,
     DISPATCH,
@@ -18,6 +26,7 @@ from seawall_client.serde import (
     DecodeError,
     decode,
     encode,
+    encode_with,
 )
 
 ADAPTERS = [REQUEST, DISPATCH, REPLY, TELEMETRY, CONTROL]
@@ -92,3 +101,64 @@ def test_reasons(raw: bytes | None, reason: str) -> None:
     with pytest.raises(DecodeError) as info:
         decode(REQUEST, raw)
     assert info.value.reason == reason
+
+
+idents = st.from_regex(r"[A-Za-z0-9._:@/-]{1,16}", fullmatch=True)
+inputs = st.one_of(
+    st.builds(dict, prompt=st.text(max_size=40)),
+    st.builds(dict, messages=st.just((ChatMessage(role="user", content="hi"),))),
+)
+requests = st.builds(
+    lambda given, **fields: InferenceRequest(**given, **fields),
+    inputs,
+    request_id=idents,
+    tenant=idents,
+    sampling=st.builds(
+        SamplingParams,
+        max_tokens=st.integers(1, 32_768),
+        temperature=st.floats(0, 2),
+        seed=st.none() | st.integers(0, 2**63 - 1),
+    ),
+    stream=st.booleans(),
+    reply_to=st.from_regex(r"[a-z0-9._-]{1,20}", fullmatch=True),
+    created_at=st.floats(0, 2e9),
+    session_id=st.none() | idents,
+    prompt_tokens=st.none() | st.integers(0, 10_000),
+)
+
+
+@st.composite
+def as_carried(draw: st.DrawFn, request: InferenceRequest) -> bytes:
+    """``request`` as a record may carry it: compact or spaced, defaults written or
+    left out, its keys in any order."""
+    doc = request.model_dump(mode="json", exclude_defaults=draw(st.booleans()))
+    keys = draw(st.permutations(sorted(doc)))
+    spaced = draw(st.booleans())
+    return json.dumps(
+        {k: doc[k] for k in keys}, separators=(", ", ": ") if spaced else (",", ":")
+    ).encode()
+
+
+@given(data=st.data(), request=requests, level=st.integers(0, 3), shadow=st.booleans())
+def test_a_dispatch_written_around_its_requests_bytes_decodes_as_if_encoded_whole(
+    data: st.DataObject, request: InferenceRequest, level: int, shadow: bool
+) -> None:
+    raw = data.draw(as_carried(request))
+    read = decode(REQUEST, raw)
+    dispatch = DispatchedRequest(
+        request=read,
+        pool="small",
+        degradation=Degradation(level=level),
+        admitted_at=1.7e9,
+        shadow=ShadowOrder(pool="main", min_similarity=0.5) if shadow else None,
+    )
+    spliced = decode(DISPATCH, encode_with(dispatch, "request", raw))
+    assert spliced == dispatch == decode(DISPATCH, encode(dispatch))
+
+
+class _OneField(BaseModel):
+    only: int
+
+
+def test_a_message_with_no_other_field_is_written_with_no_stray_comma() -> None:
+    assert encode_with(_OneField(only=7), "only", b"7") == b'{"only":7}'
