@@ -47,7 +47,7 @@ def ddsketch_of(sketch: LatencySketch) -> BaseDDSketch:
         if count:
             store.add(key, float(count))
     return BaseDDSketch(
-        mapping=LogarithmicMapping(SKETCH_RELATIVE_ACCURACY),
+        mapping=MAPPING,  # immutable: shared, not built again for every report
         store=store,
         negative_store=DenseStore(),
         zero_count=float(sketch.zero_count),

@@ -121,7 +121,7 @@ def breaker_readings(
     """The matrix's signals over each row's window: error rate and P99 of the requests,
     the mean of each gauge (one hot sample must not trip a row)."""
     return {
-        Signal.ERROR_RATE: requests.stats(now, config.error_rate.window_s).error_rate_reading(),
+        Signal.ERROR_RATE: requests.counts(now, config.error_rate.window_s).error_rate_reading(),
         Signal.LATENCY_P99: requests.stats(now, config.latency_p99_ms.window_s).p99_reading(),
         Signal.CPU: cpu_percent.stats(now, config.cpu_percent.window_s).mean_reading(),
         Signal.GPU_MEMORY: gpu_memory_percent.stats(

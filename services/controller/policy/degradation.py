@@ -98,7 +98,7 @@ def degradation_readings(
         Trigger.PREEMPTIONS: preemptions.stats(
             now, config.preemptions_per_s.window_s
         ).rate_reading(),
-        Trigger.ERROR_RATE: requests.stats(now, config.error_rate.window_s).error_rate_reading(),
+        Trigger.ERROR_RATE: requests.counts(now, config.error_rate.window_s).error_rate_reading(),
         Trigger.GPU_TEMPERATURE: gpu_temperature.stats(
             now, config.gpu_temperature_c.window_s
         ).max_reading(),

@@ -9,7 +9,8 @@ merge, so do windows: a pool's window is the merge of its workers' windows (same
 ``size_s`` and ``step_s``).
 
 - ``RequestWindow``: latencies in a DDSketch per bucket (quantiles within the sketch's
-  relative accuracy) plus request and error counts.
+  relative accuracy) plus request and error counts; ``counts`` reads the counts alone,
+  without merging a sketch.
 - ``GaugeWindow``: a sampled gauge (GPU memory %, temperature, host CPU %): latest value,
   minimum, maximum, mean; or counts per report (preemptions), read as a rate.
 - ``ShareWindow``: how many of the events counted were hits (e.g. long prompts).
@@ -22,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, Self, TypeVar, cast
 
-from ddsketch import DDSketch
 from ddsketch.ddsketch import BaseDDSketch
+from ddsketch.mapping import LogarithmicMapping
+from ddsketch.store import DenseStore
 
 from services.controller.policy.decision import Reading
 
@@ -48,8 +50,8 @@ class _Window(Generic[B]):
         """(oldest, newest) → the merge of buckets ``oldest`` to ``newest - 1``: closed
         buckets no longer change, so a query repeated within one step merges two
         buckets, not the whole window (the controller asks every scope every tick)."""
-        self._summaries: dict[tuple[int, int, float], object] = {}
-        """(oldest, newest, window_s) → the statistics last summarized there, dropped
+        self._summaries: dict[tuple[int, int, float, object], object] = {}
+        """(oldest, newest, window_s, kind) → the statistics last summarized there, dropped
         whenever a sample lands or the window moves a step: a worker's windows are read
         when its report is reacted to and again by the next tick, mostly with nothing
         added in between (a tick of a pool of 834 workers: 60-74 ms of CPU before, 28-33
@@ -73,14 +75,18 @@ class _Window(Generic[B]):
             self._buckets[index] = self._new_bucket()
         return self._buckets[index]
 
-    def _fold(self, now: float, window_s: float | None) -> tuple[B, float]:
-        """The merge of the buckets within ``window_s`` of ``now``, and that window."""
+    def _span(self, now: float, window_s: float | None) -> tuple[int, int, float]:
+        """The oldest and newest bucket within ``window_s`` of ``now``, and that window
+        (buckets past their reach expired)."""
         window_s = self.size_s if window_s is None else window_s
         if not 0 < window_s <= self.size_s:
             raise ValueError(f"window_s must be in (0, {self.size_s}], got {window_s}")
         self._expire(now)
-        newest = self._index(now)
-        oldest = self._index(now - window_s)
+        return self._index(now - window_s), self._index(now), window_s
+
+    def _fold(self, now: float, window_s: float | None) -> tuple[B, float]:
+        """The merge of the buckets within ``window_s`` of ``now``, and that window."""
+        oldest, newest, window_s = self._span(now, window_s)
         closed = self._closed.get((oldest, newest))
         if closed is None:
             closed = self._new_bucket()
@@ -99,14 +105,21 @@ class _Window(Generic[B]):
 
     def _summary(self, now: float, window_s: float | None, summarize: Callable[[B, float], S]) -> S:
         """``summarize`` of the merge within ``window_s`` of ``now`` (``_fold``), reused
+        until a sample lands or the window moves a step (``_reuse``)."""
+        return self._reuse(now, window_s, summarize, lambda: summarize(*self._fold(now, window_s)))
+
+    def _reuse(
+        self, now: float, window_s: float | None, kind: object, compute: Callable[[], S]
+    ) -> S:
+        """What ``compute`` gives for ``window_s`` at ``now``, computed once per ``kind``
         until a sample lands or the window moves a step. The summaries are frozen, so
         every reader may hold the same one."""
         window = self.size_s if window_s is None else window_s
-        key = (self._index(now - window), self._index(now), window)
-        if any(newest != key[1] for _, newest, _ in self._summaries):
+        key = (self._index(now - window), self._index(now), window, kind)
+        if any(k[1] != key[1] for k in self._summaries):
             self._summaries.clear()
         if key not in self._summaries:
-            self._summaries[key] = summarize(*self._fold(now, window_s))
+            self._summaries[key] = compute()
         return cast(S, self._summaries[key])
 
     def merge(self, other: Self) -> None:
@@ -122,8 +135,12 @@ class _Window(Generic[B]):
 
 
 class _RequestBucket:
-    def __init__(self, relative_accuracy: float) -> None:
-        self.latencies = DDSketch(relative_accuracy)
+    def __init__(self, mapping: LogarithmicMapping) -> None:
+        # One mapping per window, shared (it never changes): ``DDSketch(accuracy)`` built
+        # a new one for every bucket and every fold, a tenth of a window's reads.
+        self.latencies = BaseDDSketch(
+            mapping=mapping, store=DenseStore(), negative_store=DenseStore(), zero_count=0.0
+        )
         self.count = 0
         self.errors = 0
         self.ttft_count = 0
@@ -138,14 +155,10 @@ class _RequestBucket:
 
 
 @dataclass(frozen=True)
-class RequestStats:
+class RequestCounts:
     window_s: float
     count: int
     errors: int
-    p50_ms: float | None
-    p99_ms: float | None
-    ttft_mean_ms: float | None = None
-    """Mean time to first token of the requests that had one (``None``: none had)."""
 
     @property
     def error_rate(self) -> float:
@@ -153,6 +166,14 @@ class RequestStats:
 
     def error_rate_reading(self) -> Reading | None:
         return Reading(self.error_rate, self.count) if self.count else None
+
+
+@dataclass(frozen=True)
+class RequestStats(RequestCounts):
+    p50_ms: float | None
+    p99_ms: float | None
+    ttft_mean_ms: float | None = None
+    """Mean time to first token of the requests that had one (``None``: none had)."""
 
     def p99_reading(self) -> Reading | None:
         return None if self.p99_ms is None else Reading(self.p99_ms, self.count)
@@ -165,7 +186,8 @@ class RequestWindow(_Window[_RequestBucket]):
     def __init__(
         self, size_s: float = 300.0, step_s: float = 10.0, relative_accuracy: float = 0.01
     ) -> None:
-        super().__init__(size_s, step_s, lambda: _RequestBucket(relative_accuracy))
+        mapping = LogarithmicMapping(relative_accuracy)
+        super().__init__(size_s, step_s, lambda: _RequestBucket(mapping))
         self.relative_accuracy = relative_accuracy
 
     def record(self, now: float, latency_ms: float, ok: bool) -> None:
@@ -199,6 +221,22 @@ class RequestWindow(_Window[_RequestBucket]):
 
     def stats(self, now: float, window_s: float | None = None) -> RequestStats:
         return self._summary(now, window_s, _request_stats)
+
+    def counts(self, now: float, window_s: float | None = None) -> RequestCounts:
+        """What ``stats`` counts, without merging the latency sketches (an error rate
+        needs no quantile): the breaker reads its error rate over five minutes and its
+        P99 over one, and folding the five minutes' sketches for the counts cost more
+        than any other read of a worker's windows."""
+        return self._reuse(now, window_s, RequestCounts, lambda: self._counts(now, window_s))
+
+    def _counts(self, now: float, window_s: float | None) -> RequestCounts:
+        oldest, newest, window_s = self._span(now, window_s)
+        count = errors = 0
+        for index, bucket in self._buckets.items():
+            if oldest <= index <= newest:
+                count += bucket.count
+                errors += bucket.errors
+        return RequestCounts(window_s, count, errors)
 
 
 def _request_stats(total: _RequestBucket, window_s: float) -> RequestStats:

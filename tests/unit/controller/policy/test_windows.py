@@ -211,7 +211,8 @@ def test_repeated_queries_answer_as_a_fresh_fold_of_the_same_samples(
     steps: list[tuple[object, ...]],
 ) -> None:
     """Folds reuse the merge of closed buckets; whatever the order of samples (late ones
-    included), merges and queries, a query answers as a window that never cached."""
+    included), merges and queries, a query — statistics or counts alone — answers as a
+    window that never cached."""
     window = RequestWindow(size_s=60.0, step_s=5.0)
     history: list[tuple[float, float, bool]] = []
     clock = 100.0
@@ -233,12 +234,18 @@ def test_repeated_queries_answer_as_a_fresh_fold_of_the_same_samples(
             fresh = RequestWindow(size_s=60.0, step_s=5.0)
             for sample in history:
                 fresh.record(*sample)
+            counted = window.counts(clock, span)  # first: each kind of read is its own
             got, want = window.stats(clock, span), fresh.stats(clock, span)
             assert (got.count, got.errors, got.p50_ms, got.p99_ms) == (
                 want.count,
                 want.errors,
                 want.p50_ms,
                 want.p99_ms,
+            )
+            assert (counted.window_s, counted.count, counted.errors) == (
+                span,
+                want.count,
+                want.errors,
             )
 
 
