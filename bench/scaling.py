@@ -1,4 +1,4 @@
-"""How cost grows: the controller against a fleet's telemetry (100, 1,000, 5,000 workers),
+"""How cost grows: the controller against a fleet's telemetry (100 to 5,000 workers),
 and admission's quota path and Redis memory against tenants (10, 10k, 100k).
 
 **Part 1, the controller** (``_scaling_controller``). On the embedded broker, per fleet
