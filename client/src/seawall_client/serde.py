@@ -70,7 +70,8 @@ def encode_with(message: BaseModel, field: str, field_json: bytes) -> bytes:
     record carried for that same value, read and validated (by ``decode``) where it
     came from. A consumer decodes the result to what ``encode(message)`` decodes to;
     the value is not encoded a second time (admission forwards each request into its
-    dispatch record this way: encoding the request again was 4 µs of a decision's 75).
+    dispatch record this way: a 900-byte request's dispatch record took 7.4 µs to
+    encode whole, 3.0 µs without the request).
 
     Only for JSON this process decoded into the very value ``message`` holds: the bytes
     are written as they are."""

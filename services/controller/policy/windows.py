@@ -137,7 +137,8 @@ class _Window(Generic[B]):
 class _RequestBucket:
     def __init__(self, mapping: LogarithmicMapping) -> None:
         # One mapping per window, shared (it never changes): ``DDSketch(accuracy)`` built
-        # a new one for every bucket and every fold, a tenth of a window's reads.
+        # a new one for every bucket and every fold (1.6 % of a controller's samples at
+        # 1,000 workers, py-spy).
         self.latencies = BaseDDSketch(
             mapping=mapping, store=DenseStore(), negative_store=DenseStore(), zero_count=0.0
         )
@@ -225,8 +226,8 @@ class RequestWindow(_Window[_RequestBucket]):
     def counts(self, now: float, window_s: float | None = None) -> RequestCounts:
         """What ``stats`` counts, without merging the latency sketches (an error rate
         needs no quantile): the breaker reads its error rate over five minutes and its
-        P99 over one, and folding the five minutes' sketches for the counts cost more
-        than any other read of a worker's windows."""
+        P99 over one, and folded five minutes of sketches, and took two quantiles, only
+        to count (reactions 15-20 % cheaper without, in-process)."""
         return self._reuse(now, window_s, RequestCounts, lambda: self._counts(now, window_s))
 
     def _counts(self, now: float, window_s: float | None) -> RequestCounts:
