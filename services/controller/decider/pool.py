@@ -226,11 +226,11 @@ class PoolDecider(PoolState):
         return batch
 
     def _current(self, worker: WorkerState, at: float, now: float) -> bool:
-        """Whether a report of the worker is current; a moved anchor is persisted with
-        the worker's record (a restarted controller judges its backlog by it)."""
-        before = worker.clock.anchor_at, worker.clock.anchor_now
+        """Whether a report of the worker is current; an anchor that moved from the
+        saved one by more than the freshness policy's tolerance is persisted with the
+        worker's record (a restarted controller judges its backlog by it)."""
         current = worker.clock.current(at, now)
-        if (worker.clock.anchor_at, worker.clock.anchor_now) != before:
+        if worker.clock.moved_from(worker.saved_anchor):
             self._dirty.add(worker.scope)
         return current
 

@@ -56,6 +56,8 @@ class WorkerState:
         self.preempted_total: int | None = None
         self.clock = WorkerClock(config.max_telemetry_age_s)
         """Whether its reports are current (``policy.freshness``: no clock compared)."""
+        self.saved_anchor: tuple[float, float] | None = None
+        """The clock's anchor as the worker's record last held it (taken or restored)."""
         self.incarnation: str | None = None
         """The process last heard from under this id (its heartbeats say)."""
         self.memory_reserved: float | None = None
@@ -132,6 +134,7 @@ class PoolState:
             worker.max_num_seqs = saved.max_num_seqs
             if saved.clock_anchor is not None:
                 worker.clock.anchor_at, worker.clock.anchor_now = saved.clock_anchor
+                worker.saved_anchor = saved.clock_anchor
         events = [*record.events, *(e for w in workers for e in w.events)]
         for event in events:
             if self._seed(event, record.degradation_triggered, now):
@@ -173,7 +176,11 @@ class PoolState:
         """The records changed since the last call (what the shell persists); falsy if
         none did."""
         dirty, self._dirty = self._dirty, set()
-        return self._records(dirty)
+        records = self._records(dirty)
+        for worker_id, record in records.workers.items():
+            if record is not None:
+                self._workers[f"worker:{worker_id}"].saved_anchor = record.clock_anchor
+        return records
 
     def _records(self, scopes: Iterable[str]) -> Records:
         pool: PoolRecord | None = None

@@ -488,6 +488,31 @@ def test_a_backlog_read_after_a_controller_restart_is_skipped_then_live_reports_
     assert not back.feed(heartbeat("w1", back.now + skew)).stale
 
 
+def test_a_worker_record_is_rewritten_only_once_its_anchor_moved_past_the_tolerance() -> None:
+    """Each report a little less delayed than any before moves the anchor (the minimum
+    filter), but the worker's record, by which a restarted controller judges what it
+    reads first, is written again only once the anchor's delay moved more than the
+    tolerance (0.3 s at the default 30 s) from the one the record holds."""
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", fleet.now - 0.5))  # read 0.5 s after it was written
+    first = fleet.decider.take_records().workers["w1"]
+    assert first is not None
+    assert first.clock_anchor == (fleet.now - 0.5, fleet.now)
+    for k in range(1, 5):  # each read 0.05 s sooner than the last: 0.2 s at most
+        fleet.now += 1.0
+        assert not fleet.feed(heartbeat("w1", fleet.now - 0.5 + 0.05 * k)).stale
+        assert not fleet.decider.take_records()
+    assert fleet.decider.records().workers["w1"].clock_anchor == (  # type: ignore[union-attr]
+        fleet.now - 0.3,
+        fleet.now,
+    )
+    fleet.now += 1.0
+    fleet.feed(heartbeat("w1", fleet.now - 0.1))  # 0.4 s less delayed than the record's
+    saved = fleet.decider.take_records().workers["w1"]
+    assert saved is not None
+    assert saved.clock_anchor == (fleet.now - 0.1, fleet.now)
+
+
 def test_heartbeat_loss_isolates_a_worker_until_it_beats_and_passes_its_probes() -> None:
     config = DeciderConfig(heartbeat=HeartbeatConfig(timeout_s=10.0))
     fleet = Fleet(config)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.controller.policy.freshness import WorkerClock
+from services.controller.policy.freshness import SAVE_TOLERANCE, WorkerClock, delay_of
 
 MAX_AGE = 30.0
 
@@ -73,3 +74,32 @@ def test_the_anchor_follows_the_least_delayed_report_and_refreshes() -> None:
     assert c.anchor_at == 1.0
     c.current(400.0, 401.6)  # the anchor is over refresh_s old: moved
     assert c.anchor_at == 400.0
+
+
+@given(
+    st.floats(-1e6, 1e6),
+    st.lists(st.floats(0.0, 0.2), min_size=2, max_size=40),
+    st.floats(0.0, 10.0),
+)
+def test_an_anchor_is_worth_saving_only_when_its_delay_moved_past_the_tolerance(
+    skew: float, delays: list[float], later: float
+) -> None:
+    """Live reports whose delays wander within a few hundred milliseconds move the
+    anchor (a new minimum) but never far enough from the saved one to be saved again; a
+    delay that moves further (a clock step, a refresh after a slow spell) is."""
+    tolerance = SAVE_TOLERANCE * MAX_AGE
+    assert tolerance == 0.3
+    c = clock()
+    assert not c.moved_from(None)  # no anchor yet: nothing to save
+    c.current(skew, delays[0])
+    assert c.moved_from(None)  # the first anchor: always saved
+    saved = c.anchor
+    for i, delay in enumerate(delays[1:], start=1):
+        c.current(i + skew, i + delay)
+        assert not c.moved_from(saved)  # 0.2 s of spread is within the tolerance
+    least = min(d - skew for d in delays)
+    assert delay_of(c.anchor) == pytest.approx(least, abs=1e-6)  # yet the anchor followed
+    stepped = WorkerClock(max_age_s=MAX_AGE, refresh_s=300.0)
+    stepped.anchor_at, stepped.anchor_now = saved  # type: ignore[misc]
+    stepped.current(100.0 + skew, 100.0 + delays[0] - tolerance - 0.01 - later)
+    assert stepped.moved_from(saved)  # less delayed by more than the tolerance
