@@ -298,6 +298,10 @@ class Stack:
             "SEAWALL_INSTANCE_ID": name,
             "PYTHONUNBUFFERED": "1",
         }
+        if o.kafka_bootstrap is None:
+            env["SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS"] = os.environ.get(
+                "SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS", str(embedded.FETCH_BUSY_WAIT_MS)
+            )
         if self._pepper_file is not None:
             env["SEAWALL_KEY_PEPPER_FILE"] = str(self._pepper_file)
         env.update(o.env)

@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
-from seawall_client.kafka import consumer_options, new_producer
+from seawall_client.kafka import Consumer, new_consumer, new_producer
 from seawall_client.topics import Topics
 from services.common.offsets import OffsetTracker
 from services.common.settings import CommonSettings
@@ -41,15 +41,15 @@ def make_producer(settings: CommonSettings, **overrides: Any) -> AIOKafkaProduce
 
 def make_consumer(
     settings: CommonSettings, *topics: str, group_id: str | None, **overrides: Any
-) -> AIOKafkaConsumer:
-    options = consumer_options(settings.kafka) | {
+) -> Consumer:
+    options: dict[str, Any] = {
         "group_id": group_id,
         "session_timeout_ms": settings.consumer_session_timeout_ms,
         "heartbeat_interval_ms": settings.consumer_heartbeat_ms,
         "max_poll_interval_ms": 300_000,
     }
     options.update(overrides)
-    return AIOKafkaConsumer(*topics, **options)
+    return new_consumer(settings.kafka, *topics, **options)
 
 
 @dataclass(frozen=True, slots=True)

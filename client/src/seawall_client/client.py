@@ -57,8 +57,8 @@ from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.kafka import (
     KafkaConfig,
     close,
-    consumer_options,
     ensure_topics,
+    new_consumer,
     new_producer,
     start_tail,
 )
@@ -148,7 +148,7 @@ class SeawallClient:
         spec = self._topics.reply_spec(self._owner)
         try:
             await ensure_topics(k.bootstrap, [spec], k.topic_replication)
-            self._consumer = AIOKafkaConsumer(**consumer_options(k))
+            self._consumer = new_consumer(k)
             await start_tail(self._consumer, spec.name)
             self._producer = new_producer(k)
             await self._producer.start()

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import socket
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from seawall_client.fetch_pacing import FetchPacing
 from seawall_client.topics import TopicSpec
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,9 @@ class KafkaConfig:
     fetch_max_wait_ms: int = 50
     """How long a fetch may wait at the broker for records: the embedded broker answers
     a fetch late, and each hop then costs a share of this wait."""
+    fetch_busy_wait_ms: int | None = None
+    """The fetch wait while records flow (``fetch_pacing``); ``None``: always
+    ``fetch_max_wait_ms``. ``seawall up`` sets it on the embedded broker."""
     instance_id: str = ""
     """Names this process to the broker (``seawall-<instance_id>``); empty: host-pid."""
 
@@ -68,6 +73,8 @@ class KafkaConfig:
             raise ValueError("topic_replication must be within 1..16")
         if not 1 <= self.fetch_max_wait_ms <= 10_000:
             raise ValueError("fetch_max_wait_ms must be within 1..10000")
+        if self.fetch_busy_wait_ms is not None:
+            FetchPacing(idle_ms=self.fetch_max_wait_ms, busy_ms=self.fetch_busy_wait_ms)
 
     @property
     def client_id(self) -> str:
@@ -77,7 +84,8 @@ class KafkaConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> KafkaConfig:
         """From ``SEAWALL_KAFKA_BOOTSTRAP``, ``SEAWALL_KAFKA_IDEMPOTENCE``,
         ``SEAWALL_TOPIC_PREFIX``, ``SEAWALL_TOPIC_REPLICATION``,
-        ``SEAWALL_CONSUMER_FETCH_MAX_WAIT_MS`` and ``SEAWALL_INSTANCE_ID`` (the names the
+        ``SEAWALL_CONSUMER_FETCH_MAX_WAIT_MS``, ``SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS`` and
+        ``SEAWALL_INSTANCE_ID`` (the names the
         services read), in ``env`` (default: the environment over ``STACK_ENV_FILE``,
         as the services read them); what is unset keeps its default."""
         e = {**_env_file(Path(STACK_ENV_FILE)), **os.environ} if env is None else env
@@ -88,6 +96,7 @@ class KafkaConfig:
             topic_prefix=e.get("SEAWALL_TOPIC_PREFIX", d.topic_prefix),
             topic_replication=int(e.get("SEAWALL_TOPIC_REPLICATION", d.topic_replication)),
             fetch_max_wait_ms=int(e.get("SEAWALL_CONSUMER_FETCH_MAX_WAIT_MS", d.fetch_max_wait_ms)),
+            fetch_busy_wait_ms=_optional_int(e.get("SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS")),
             instance_id=e.get("SEAWALL_INSTANCE_ID", d.instance_id),
         )
 
@@ -100,6 +109,10 @@ def _env_file(path: Path) -> dict[str, str]:
         return {}
     pairs = (line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
     return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _optional_int(raw: str | None) -> int | None:
+    return None if raw is None or not raw.strip() else int(raw)
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -168,16 +181,48 @@ def new_producer(config: KafkaConfig, **overrides: Any) -> AIOKafkaProducer:
     return Producer(**options)
 
 
-def consumer_options(config: KafkaConfig) -> dict[str, Any]:
-    """Every consumer's options: no auto-commit (an offset is committed only after its
-    effect is durable), from the earliest record when there is no committed offset."""
-    return {
+class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
+    """aiokafka's consumer, its fetch wait paced by what its reads bring
+    (``fetch_pacing``).
+
+    aiokafka's fetcher builds each fetch request from its ``_fetch_max_wait_ms`` (it
+    has no public setter); after every ``getmany`` the wait the pacing picks is set
+    there, so the fetches from then on carry it."""
+
+    def __init__(self, *topics: str, pacing: FetchPacing | None = None, **options: Any) -> None:
+        super().__init__(*topics, **options)
+        self._pacing = pacing
+
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[Any]]:
+        batches: dict[TopicPartition, list[Any]] = await super().getmany(
+            *partitions, timeout_ms=timeout_ms, max_records=max_records
+        )
+        if self._pacing is not None:
+            got = any(batches.values())
+            self._fetcher._fetch_max_wait_ms = self._pacing.wait_ms(got, time.monotonic())
+        return batches
+
+
+def new_consumer(config: KafkaConfig, *topics: str, **overrides: Any) -> Consumer:
+    """Every consumer: no auto-commit (an offset is committed only after its effect is
+    durable), from the earliest record when there is no committed offset, its fetch
+    wait paced where ``config`` sets a busy wait (idle: the consumer's
+    ``fetch_max_wait_ms``, an override's included)."""
+    options: dict[str, Any] = {
         "bootstrap_servers": config.bootstrap,
         "client_id": config.client_id,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "fetch_max_wait_ms": config.fetch_max_wait_ms,
     }
+    options.update(overrides)
+    pacing = None
+    if config.fetch_busy_wait_ms is not None:
+        idle = options["fetch_max_wait_ms"]
+        pacing = FetchPacing(idle_ms=idle, busy_ms=min(config.fetch_busy_wait_ms, idle))
+    return Consumer(*topics, pacing=pacing, **options)
 
 
 async def ensure_topics(

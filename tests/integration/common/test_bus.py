@@ -10,9 +10,11 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError, ProducerClosed
+from aiokafka.protocol.fetch import FetchRequest
 
 from schemas import DeadLetter, InferenceRequest
 from schemas.deadletter import EXCERPT_BYTES
+from seawall_client.fetch_pacing import BUSY_WINDOW_S
 from seawall_client.kafka import MAX_BATCH_BYTES, ensure_topics
 from seawall_client.serde import REQUEST, DecodeError, decode, encode
 from seawall_client.topics import Topics
@@ -218,3 +220,60 @@ async def test_redis_answers_with_ttl(settings: CommonSettings, redis: aioredis.
     seconds, micros = await redis.time()
     assert abs(seconds + micros / 1e6 - time.time()) < 5
     await asyncio.sleep(0)
+
+
+async def test_a_paced_consumer_fetches_with_the_busy_wait_while_records_flow(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    paced = settings.model_copy(
+        update={"consumer_fetch_max_wait_ms": 200, "consumer_fetch_busy_wait_ms": 7}
+    )
+    topic = topics.ingress
+    consumer = make_consumer(paced, topic, group_id=None)
+    await consumer.start()
+    waits: list[int] = []
+    send = consumer._client.send
+
+    async def recording(node_id: int, request: object, **kwargs: object) -> object:
+        if isinstance(request, FetchRequest):
+            waits.append(request._max_wait_ms)
+        return await send(node_id, request, **kwargs)
+
+    consumer._client.send = recording
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        await consumer.getmany(timeout_ms=300)  # idle: nothing on the topic yet
+        assert waits
+        assert set(waits) == {200}
+        await producer.send_and_wait(topic, b"x", key=b"k")
+        assert len(await _consume(consumer, 1)) == 1
+        waits.clear()
+        await consumer.getmany(timeout_ms=300)  # within the busy window
+        assert waits
+        assert set(waits) == {7}
+        await asyncio.sleep(BUSY_WINDOW_S)
+        await consumer.getmany(timeout_ms=0)  # idle again: the window has passed
+        waits.clear()
+        await consumer.getmany(timeout_ms=450)
+        assert waits
+        assert set(waits) == {200}
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+async def test_a_consumer_without_a_busy_wait_keeps_its_fetch_wait(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    consumer = make_consumer(settings, topics.ingress, group_id=None, fetch_max_wait_ms=30)
+    await consumer.start()
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topics.ingress, b"x", key=b"k")
+        assert len(await _consume(consumer, 1)) == 1
+        assert consumer._fetcher._fetch_max_wait_ms == 30
+    finally:
+        await producer.stop()
+        await consumer.stop()
