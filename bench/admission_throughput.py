@@ -48,8 +48,13 @@ Baselines, same broker, same run, same record bytes:
   consumer: the bare broker hop ``t0`` → ``t1``. Admission's latency against it is what
   admission adds over one plain hop (admission's path is two: request → it → dispatch).
 
-Usage: ``python bench/admission_throughput.py [--requests 20000] [--duration 15] [--quick]``
-(``--quick``: 2 000 requests, a 3 s open loop).
+Every consumer — admission's, and this script's reading the dispatch and hop topics —
+fetches as ``seawall up`` has them fetch on the embedded broker: a 10 ms wait while
+records flow, 50 ms otherwise (``seawall_client.fetch_pacing``); ``--busy-wait-ms 0``
+runs them at 50 ms throughout, as every run before this option did.
+
+Usage: ``python bench/admission_throughput.py [--requests 20000] [--duration 15]
+[--busy-wait-ms 10] [--quick]`` (``--quick``: 2 000 requests, a 3 s open loop).
 Writes ``bench/results/admission_throughput.json`` and ``.png``; prints ratios against the
 baselines measured in the same run.
 """
@@ -84,6 +89,7 @@ from schemas import (
     Tier,
     WorkerHeartbeat,
 )
+from seawall.embedded import FETCH_BUSY_WAIT_MS
 from seawall.procs import ChildProcess
 from seawall_client.kafka import ensure_topics
 from seawall_client.serde import encode
@@ -167,6 +173,9 @@ async def fake_workers(producer: AIOKafkaProducer, topic: str) -> None:
 
 
 def spawn_admission(settings: CommonSettings, log: Path) -> ChildProcess:
+    """Admission with ``settings``' broker, Redis and prefixes (and its fetch pacing,
+    as ``seawall up`` gives it on the embedded broker), none of this environment's."""
+    busy = settings.consumer_fetch_busy_wait_ms
     env = {
         "SEAWALL_ENV_FILE": os.devnull,
         "SEAWALL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
@@ -180,6 +189,7 @@ def spawn_admission(settings: CommonSettings, log: Path) -> ChildProcess:
         "SEAWALL_LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
         **{f"SEAWALL_QUOTA_{tier.value.upper()}": ROOMY for tier in Tier},
+        **({} if busy is None else {"SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS": str(busy)}),
     }
     proc = ChildProcess("admission", [sys.executable, "-m", "services.admission"], log, env)
     proc.start()
@@ -490,6 +500,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> Figures:
             redis_url=args.redis_url,
             redis_prefix=f"bench:{tag}:",
             instance_id="bench-driver",
+            consumer_fetch_busy_wait_ms=args.busy_wait_ms or None,
         )
         try:
             return await measure(args, settings, workdir / "admission.log")
@@ -659,6 +670,14 @@ def main() -> int:
     parser.add_argument(
         "--rate", type=float, default=None, help="open-loop rate (default: half the decisions/s)"
     )
+    parser.add_argument(
+        "--busy-wait-ms",
+        type=int,
+        default=FETCH_BUSY_WAIT_MS,
+        help="every consumer's fetch wait while records flow, admission's and this "
+        "script's alike (default: what `seawall up` sets on the embedded broker; 0: none, "
+        "the 50 ms fetch wait throughout)",
+    )
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--quick", action="store_true", help="a short trial run")
     args = parser.parse_args()
@@ -731,7 +750,8 @@ def main() -> int:
             "inside_admission_ms": "t0 -> the dispatch record's CreateTime (admission's send)",
         },
         "admission": "python -m services.admission (its own process), default settings but "
-        "every tier's quota at 1e9 requests and 1e12 tokens (capacity and per second)",
+        "every tier's quota at 1e9 requests and 1e12 tokens (capacity and per second) and "
+        "the fetch busy wait of settings.fetch_busy_wait_ms",
         "pacing": f"{WORKERS_PER_POOL} fake workers per pool heartbeating every {BEAT_S}s as "
         f"serving, batch_limit {WORKER_SLOTS}, in_flight 0; no completions",
         "baselines": {
@@ -746,6 +766,7 @@ def main() -> int:
             "tenants": len(TENANTS),
             "pools": POOLS,
             "max_tokens": MAX_TOKENS,
+            "fetch_busy_wait_ms": args.busy_wait_ms or None,
             "quick": args.quick,
         },
         "machine": machine(

@@ -86,7 +86,12 @@ FETCH_BUSY_WAIT_MS = 10
 (``SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS``; ``seawall_client.fetch_pacing`` says why).
 Measured there, one hop under a steady flow: p99 29 → 14 ms at 1,000 records/s and
 28.5 → 6.6 ms at 100/s against the 50 ms wait throughout, for 0.03–0.13 more cores
-(broker and consumer together); 5 ms bought no more at 1,000/s and cost more at 100/s."""
+(broker and consumer together); 5 ms bought no more at 1,000/s and cost more at 100/s.
+Through admission (``bench/admission_throughput.py``) the price is larger: at 100
+requests/s the p99 fell 48 → 15 ms while admission's CPU and the broker's each doubled
+(0.15 → 0.29 and 0.17 → 0.31 cores), every request then being a decision cycle of its
+own. Worth it for a stack one tries and develops on; a blank
+``SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS`` turns it off."""
 
 
 def broker_binary() -> str:
