@@ -47,6 +47,11 @@ Baselines, same broker, same run, same record bytes:
 - *hop*: an open loop at the same rate on a plain topic, read back by the same kind of
   consumer: the bare broker hop ``t0`` → ``t1``. Admission's latency against it is what
   admission adds over one plain hop (admission's path is two: request → it → dispatch).
+- *two hops*: the same open loop through a bare forwarding relay in a process of its own
+  (``forward``: reads as admission's intake reads, sends as its dispatch loop sends,
+  without waiting for the acks): the two hops admission's path has, without its
+  decisions. Admission's latency against it is what the decisions add. (Its CPU counts
+  under ``others``.)
 
 Every consumer — admission's, and this script's reading the dispatch and hop topics —
 fetches as ``seawall up`` has them fetch on the embedded broker: a 10 ms wait while
@@ -71,8 +76,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +103,7 @@ from seawall_client.kafka import ensure_topics
 from seawall_client.serde import encode
 from seawall_client.topics import Topics, TopicSpec
 from services.admission.settings import AdmissionSettings
-from services.common.bus import make_consumer, make_producer, topics_of
+from services.common.bus import Outgoing, make_consumer, make_producer, send_batched, topics_of
 from services.common.settings import DEFAULT_REDIS_URL, CommonSettings
 from services.common.tokenizer import count_tokens
 
@@ -291,6 +299,73 @@ async def relay(settings: CommonSettings, src: str, dst: str, n: int, batch: int
         await producer.stop()
 
 
+FORWARD_IN_FLIGHT = 4
+"""Batches the forwarding relay may have unacknowledged at once (admission's dispatch
+loop: ``dispatcher.ROUNDS_IN_FLIGHT``)."""
+
+
+def _forward_main(
+    settings: dict[str, Any], src: str, dst: str, batch: int, ready: Event, stop: Event
+) -> None:
+    asyncio.run(forward(CommonSettings(_env_file=None, **settings), src, dst, batch, ready, stop))
+
+
+async def forward(
+    settings: CommonSettings, src: str, dst: str, batch: int, ready: Event, stop: Event
+) -> None:
+    """The middle of the two-hop baseline, in a process of its own as admission is: what
+    lands on ``src`` from now on, read as admission's intake reads (``getmany`` of its
+    batch) and handed to the producer as its dispatch loop hands a round
+    (``bus.send_batched``), without waiting for the acks, up to ``FORWARD_IN_FLIGHT``
+    batches ahead."""
+    producer = make_producer(settings)
+    await producer.start()
+    pending: deque[list[asyncio.Future[Any]]] = deque()
+    try:
+        async with reading(settings, [src], from_start=False) as consumer:
+            ready.set()
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=100, max_records=batch)
+                sent = await send_batched(
+                    producer,
+                    [
+                        Outgoing(dst, r.value, r.key)
+                        for records in batches.values()
+                        for r in records
+                        if r.value is not None and r.key is not None
+                    ],
+                )
+                if sent:
+                    pending.append(sent)
+                while len(pending) > FORWARD_IN_FLIGHT or (pending and stop.is_set()):
+                    await asyncio.gather(*pending.popleft())
+    finally:
+        await producer.stop()
+
+
+@asynccontextmanager
+async def forwarding(settings: CommonSettings, src: str, dst: str) -> AsyncIterator[None]:
+    """``forward`` running in a spawned process while the block runs."""
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    batch = AdmissionSettings(_env_file=None).intake_batch
+    proc = ctx.Process(
+        target=_forward_main,
+        args=(settings.model_dump(), src, dst, batch, ready, stop),
+        name="bench-forward",
+    )
+    proc.start()
+    try:
+        if not await asyncio.to_thread(ready.wait, 60):
+            raise RuntimeError("the forwarding relay did not start")
+        yield
+    finally:
+        stop.set()
+        await asyncio.to_thread(proc.join, 30)
+        if proc.is_alive():
+            proc.kill()
+
+
 @dataclass(frozen=True)
 class Usage:
     """CPU seconds used so far, read at ``at`` (``time.time()``): by the whole machine
@@ -477,12 +552,13 @@ class Figures:
     admission_cpu_us: float = 0.0
     """CPU time of the admission process per request during the open loop."""
     cores: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Per phase (relay, throughput, open loop, hop): cores used, by whom."""
+    """Per phase (relay, throughput, open loop, hop, two hops): cores used, by whom."""
     preload_per_s: float = 0.0
     """How fast this process produced (and had acked) the preloaded requests."""
     rate: float = 0.0
     admission: OpenLoop = field(default_factory=OpenLoop)
     hop: OpenLoop = field(default_factory=OpenLoop)
+    two_hops: OpenLoop = field(default_factory=OpenLoop)
     throughput_window_s: float = 0.0
     unanswered: dict[str, int] = field(default_factory=dict)
     """Records that should not exist: replies (rejections) and dead letters."""
@@ -521,7 +597,9 @@ async def forget_keys(settings: CommonSettings) -> None:
 async def measure(args: argparse.Namespace, settings: CommonSettings, log: Path) -> Figures:
     topics = topics_of(settings)
     prefix = settings.topic_prefix
-    relay_in, relay_out, hop = (f"{prefix}bench.{n}" for n in ("relay-in", "relay-out", "hop"))
+    relay_in, relay_out, hop, hop_in = (
+        f"{prefix}bench.{n}" for n in ("relay-in", "relay-out", "hop", "hop-in")
+    )
     n = settings.topic_partitions
     reply_to = topics.reply("bench")
     await ensure_topics(
@@ -529,7 +607,7 @@ async def measure(args: argparse.Namespace, settings: CommonSettings, log: Path)
         [
             *topics.specs(),
             topics.reply_spec("bench"),
-            *(TopicSpec(t, n) for t in (relay_in, relay_out, hop)),
+            *(TopicSpec(t, n) for t in (relay_in, relay_out, hop, hop_in)),
         ],
     )
     out = Figures()
@@ -562,7 +640,12 @@ async def measure(args: argparse.Namespace, settings: CommonSettings, log: Path)
         out.cores["open_loop"] = cores(before, after)
         hop_items = [(hop, k, v) for _, k, v in loop_items]
         out.hop = await open_loop(settings, producer, hop_items, out.rate, [hop])
-        out.cores["hop"] = cores(after, meter.read())
+        before = meter.read()
+        out.cores["hop"] = cores(after, before)
+        async with forwarding(settings, hop_in, hop):
+            hop_items = [(hop_in, k, v) for _, k, v in loop_items]
+            out.two_hops = await open_loop(settings, producer, hop_items, out.rate, [hop])
+        out.cores["two_hops"] = cores(before, meter.read())
 
         out.unanswered = {
             "replies": await read_all(settings, [reply_to]),
@@ -637,6 +720,7 @@ def plot(figures: Figures, path: Path) -> None:
         ("through admission (ack → dispatch received)", figures.admission.latencies_ms(), "-"),
         ("of which inside admission (ack → its send)", figures.admission.inside_ms(), "--"),
         ("baseline: one plain broker hop", figures.hop.latencies_ms(), ":"),
+        ("two plain hops (a bare relay between)", figures.two_hops.latencies_ms(), "-."),
     ]
     for label, values_ms, style in series:
         if values_ms:
@@ -694,14 +778,23 @@ def main() -> int:
         "through_admission": summary(figures.admission.latencies_ms()),
         "inside_admission": summary(figures.admission.inside_ms()),
         "plain_hop": summary(figures.hop.latencies_ms()),
+        "two_plain_hops": summary(figures.two_hops.latencies_ms()),
     }
     lost = {
-        "admission": len(figures.admission.acked) - len(figures.admission.latencies_ms()),
-        "hop": len(figures.hop.acked) - len(figures.hop.latencies_ms()),
+        name: len(run.acked) - len(run.latencies_ms())
+        for name, run in (
+            ("admission", figures.admission),
+            ("hop", figures.hop),
+            ("two_hops", figures.two_hops),
+        )
     }
     throughput_ratio = ratio(figures.decisions_per_s, figures.relay_per_s)
     latency_ratios = {
         q: ratio(latency["through_admission"][q], latency["plain_hop"][q])
+        for q in ("p50", "p99", "max")
+    }
+    two_hop_ratios = {
+        q: ratio(latency["through_admission"][q], latency["two_plain_hops"][q])
         for q in ("p50", "p99", "max")
     }
     print(f"{'':<44}{'per s':>10}")
@@ -724,14 +817,23 @@ def main() -> int:
         ("through admission (ack → dispatch received)", latency["through_admission"]),
         ("  inside admission (ack → its send)", latency["inside_admission"]),
         ("baseline: plain hop (ack → received)", latency["plain_hop"]),
+        ("two plain hops (a bare relay between)", latency["two_plain_hops"]),
     ):
         cells = "".join(f"{fmt(row[q], '.1f'):>10}" for q in ("p50", "p99", "max"))
         print(f"{name:<44}{row['n']:>6}{cells}")
-    cells = "".join(f"{fmt(latency_ratios[q], '.1f') + 'x':>10}" for q in ("p50", "p99", "max"))
-    print(f"{'through admission / plain hop':<44}{'':>6}{cells}")
+    for name, ratios in (
+        ("through admission / plain hop", latency_ratios),
+        ("through admission / two plain hops", two_hop_ratios),
+    ):
+        cells = "".join(f"{fmt(ratios[q], '.1f') + 'x':>10}" for q in ("p50", "p99", "max"))
+        print(f"{name:<44}{'':>6}{cells}")
     if any(lost.values()) or any(figures.unanswered.values()):
         print(f"not received: {lost}; replies and dead letters: {figures.unanswered}")
-    late = {"admission": figures.admission.late_sends, "hop": figures.hop.late_sends}
+    late = {
+        "admission": figures.admission.late_sends,
+        "hop": figures.hop.late_sends,
+        "two_hops": figures.two_hops.late_sends,
+    }
     if any(late.values()):
         print(f"sends more than 10 ms behind schedule: {late}")
     print(f"cores used (of {mp.cpu_count()}):")
@@ -758,6 +860,10 @@ def main() -> int:
             "relay": "the same N records moved by a bare consume -> produce loop "
             "(getmany of intake_batch, send, await acks) in the benchmark process",
             "plain_hop": "open loop at the same rate on a plain topic, same consumer",
+            "two_plain_hops": "the same open loop through a bare forwarding relay in its own "
+            "process (getmany of intake_batch, bus.send_batched without awaiting acks, up to "
+            f"{FORWARD_IN_FLIGHT} batches in flight): the hops admission's path has, "
+            "without its decisions",
         },
         "settings": {
             "requests": args.requests,
@@ -778,6 +884,7 @@ def main() -> int:
         "relay_per_s": figures.relay_per_s,
         "latency_p99_ms": latency["through_admission"]["p99"],
         "plain_hop_p99_ms": latency["plain_hop"]["p99"],
+        "two_hops_p99_ms": latency["two_plain_hops"]["p99"],
         "results": {
             "decisions_per_s": figures.decisions_per_s,
             "relay_records_per_s": figures.relay_per_s,
@@ -801,6 +908,7 @@ def main() -> int:
         "ratios": {
             "decisions_vs_relay": throughput_ratio,
             "latency_through_admission_vs_plain_hop": latency_ratios,
+            "latency_through_admission_vs_two_plain_hops": two_hop_ratios,
         },
     }
     (out / "admission_throughput.json").write_text(json.dumps(doc, indent=2) + "\n")
