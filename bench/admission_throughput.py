@@ -337,10 +337,10 @@ async def forward(
                 )
                 if sent:
                     pending.append(sent)
-                while len(pending) > FORWARD_IN_FLIGHT or (pending and stop.is_set()):
+                if len(pending) > FORWARD_IN_FLIGHT:
                     await asyncio.gather(*pending.popleft())
     finally:
-        await producer.stop()
+        await producer.stop()  # sends what is still pending
 
 
 @asynccontextmanager
@@ -643,8 +643,8 @@ async def measure(args: argparse.Namespace, settings: CommonSettings, log: Path)
         before = meter.read()
         out.cores["hop"] = cores(after, before)
         async with forwarding(settings, hop_in, hop):
-            hop_items = [(hop_in, k, v) for _, k, v in loop_items]
-            out.two_hops = await open_loop(settings, producer, hop_items, out.rate, [hop])
+            forwarded = [(hop_in, k, v) for _, k, v in loop_items]
+            out.two_hops = await open_loop(settings, producer, forwarded, out.rate, [hop])
         out.cores["two_hops"] = cores(before, meter.read())
 
         out.unanswered = {
