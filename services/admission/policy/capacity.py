@@ -84,6 +84,10 @@ from services.admission.policy.workers import (
 )
 
 _ABSORBING: frozenset[WorkerStatus] = frozenset({"starting", "serving"})
+FORGET_EVERY_S = 1.0
+"""How often the workers gone silent are looked for (and forgotten)."""
+NO_ENGINE = Engine()
+"""A worker that sent no ``EngineStats`` yet: no token figures."""
 
 
 @dataclass(slots=True)
@@ -102,6 +106,9 @@ class FleetCapacity:
     def __init__(self, config: CapacityConfig | None = None) -> None:
         self.config = config or CapacityConfig()
         self._workers: dict[str, WorkerState] = {}
+        self._by_pool: dict[str, dict[str, WorkerState]] = {}
+        """The same workers by pool: a round walks its pool's, not the fleet's."""
+        self._forgotten_at = -math.inf
         self._shares: dict[str, float] = {}
         self._pools: dict[str, _Pool] = {}
         self._model_lens: dict[str, int] = {}
@@ -126,6 +133,10 @@ class FleetCapacity:
         w = self._workers.get(worker_id)
         if w is None:
             w = self._workers[worker_id] = WorkerState(pool, batch_limit, in_flight, now, now)
+            self._by_pool.setdefault(pool, {})[worker_id] = w
+        elif w.pool != pool:  # moved to another pool
+            del self._by_pool[w.pool][worker_id]
+            self._by_pool.setdefault(pool, {})[worker_id] = w
         w.pool, w.batch_limit, w.in_flight = pool, batch_limit, in_flight
         w.reported_at = w.heard_at = now
         if completed_total < w.completed_total:
@@ -241,52 +252,10 @@ class FleetCapacity:
 
     # -- the rule ------------------------------------------------------------------
     def view(self, pool: str, now: float, factor: float = 1.0) -> PoolView:
-        if not 0.0 <= factor <= 1.0:
-            raise ValueError("factor must lie in [0, 1]")
-        c = self.config
-        ledger = self._pool(pool).ledger
-        ledger.expire(now - c.ledger_ttl_s)
-        live = self._live(pool, now)
-        if not live:
-            return PoolView(0, 0, len(ledger), 0)
-        slots = kv_budget = prefill_budget = 0
-        reported = reported_kv = 0
-        for wid, w in live:
-            w_slots, w_kv, w_prefill = w.budgets(factor * self._shares.get(wid, 1.0), c)
-            slots += w_slots
-            kv_budget += w_kv
-            prefill_budget += w_prefill
-            reported += max(0, w.in_flight - w.completed_since_report)
-            e = w.engine
-            if e is not None:
-                reported_kv += math.ceil(e.kv_cache_usage * e.kv_capacity_tokens)
-        _, unreflected = ledger.since({}, others=min(w.reported_at for _, w in live))
-        prefill_in_pool = self._prefill_in_pool(live, ledger, now)
-        in_pool = max(len(ledger), reported + unreflected.requests)
-        return PoolView(
-            workers=len(live),
-            slots=slots,
-            in_pool=in_pool,
-            free=max(0, slots + c.slack - in_pool),
-            kv_budget=kv_budget,
-            kv_in_pool=max(ledger.total.kv_tokens, reported_kv + unreflected.kv_tokens),
-            prefill_budget=prefill_budget,
-            prefill_in_pool=prefill_in_pool,
-        )
+        return self._measure(pool, now, factor)[0]
 
     def free(self, pool: str, now: float, factor: float = 1.0) -> int:
         return self.view(pool, now, factor).free
-
-    @staticmethod
-    def _prefill_in_pool(live: list[tuple[str, WorkerState]], ledger: Ledger, now: float) -> int:
-        """Σ each worker's prefill queue (``WorkerState.prefill_pending``) with the prompts
-        placed on it since its report, plus the prompts dispatched by key since the
-        oldest report (not drained: where they went is not known)."""
-        engine_at = {wid: w.engine_at for wid, w in live}
-        placed, by_key = ledger.since(engine_at, others=min(engine_at.values()))
-        return by_key.prompt_tokens + sum(
-            w.prefill_pending(now, placed[wid].prompt_tokens) for wid, w in live
-        )
 
     def prefill_rate(self, pool: str, now: float) -> tuple[float, int]:
         """Prompt tokens per second the pool's live workers prefill (the sum of the
@@ -300,36 +269,7 @@ class FleetCapacity:
         """Each live worker's figures, the pool's rule applied to it alone: its budgets,
         and in it the larger of its ledger entries and its report plus the entries
         placed on it since."""
-        c = self.config
-        live = self._live(pool, now)
-        ledger = self._pool(pool).ledger
-        unreported, _ = ledger.since({wid: w.reported_at for wid, w in live})
-        unprefilled, _ = ledger.since({wid: w.engine_at for wid, w in live})
-        views = []
-        for wid, w in live:
-            slots, kv_budget, prefill_budget = w.budgets(factor * self._shares.get(wid, 1.0), c)
-            placed, new = ledger.placed_on(wid), unreported[wid]
-            e = w.engine or Engine()
-            views.append(
-                WorkerView(
-                    worker_id=wid,
-                    partitions=w.partitions,
-                    slots=slots,
-                    in_pool=max(
-                        placed.requests,
-                        max(0, w.in_flight - w.completed_since_report) + new.requests,
-                    ),
-                    kv_budget=kv_budget,
-                    kv_in_pool=max(
-                        placed.kv_tokens,
-                        math.ceil(e.kv_cache_usage * e.kv_capacity_tokens) + new.kv_tokens,
-                    ),
-                    prefill_budget=prefill_budget,
-                    prefill_in_pool=w.prefill_pending(now, unprefilled[wid].prompt_tokens),
-                    step_tokens=e.max_num_batched_tokens,
-                )
-            )
-        return views
+        return self._measure(pool, now, factor)[1]
 
     def budget(
         self, pool: str, now: float, factor: float = 1.0, max_requests: int | None = None
@@ -337,24 +277,82 @@ class FleetCapacity:
         """The pool's view, and the budget of a dispatch round on it (placing requests
         on workers where they report their partitions)."""
         c = self.config
-        view = self.view(pool, now, factor)
-        workers = self.worker_views(pool, now, factor)
+        view, workers = self._measure(pool, now, factor)
         slack = 1 if c.slack else 0
         budget = RoundBudget(
             view, c.vip_reserve, max_requests, workers, slack, pool, c.long_prompt_tokens
         )
         return view, budget
 
+    def _measure(self, pool: str, now: float, factor: float) -> tuple[PoolView, list[WorkerView]]:
+        """The pool's view and its workers' in one pass over its live workers: the
+        pool's figures are the sums of theirs, and of what the ledger holds beyond
+        them. In the pool's prefill queue, the prompts dispatched by key since the
+        oldest ``EngineStats`` (not drained: where they went is not known)."""
+        if not 0.0 <= factor <= 1.0:
+            raise ValueError("factor must lie in [0, 1]")
+        c = self.config
+        ledger = self._pool(pool).ledger
+        ledger.expire(now - c.ledger_ttl_s)
+        live = self._live(pool, now)
+        if not live:
+            return PoolView(0, 0, len(ledger), 0), []
+        unreported = ledger.placed_since({wid: w.reported_at for wid, w in live})
+        engine_at = {wid: w.engine_at for wid, w in live}
+        unprefilled = ledger.placed_since(engine_at)
+        slots = kv_budget = prefill_budget = reported = reported_kv = 0
+        prefill_in_pool = ledger.unplaced_since(engine_at, min(engine_at.values())).prompt_tokens
+        views = []
+        for wid, w in live:
+            w_slots, w_kv, w_prefill = w.budgets(factor * self._shares.get(wid, 1.0), c)
+            in_flight = max(0, w.in_flight - w.completed_since_report)
+            e = w.engine or NO_ENGINE
+            kv_used = math.ceil(e.kv_cache_usage * e.kv_capacity_tokens)
+            w_prefill_in = w.prefill_pending(now, unprefilled[wid].prompt_tokens)
+            placed, new = ledger.placed_on(wid), unreported[wid]
+            views.append(
+                WorkerView(
+                    worker_id=wid,
+                    partitions=w.partitions,
+                    slots=w_slots,
+                    in_pool=max(placed.requests, in_flight + new.requests),
+                    kv_budget=w_kv,
+                    kv_in_pool=max(placed.kv_tokens, kv_used + new.kv_tokens),
+                    prefill_budget=w_prefill,
+                    prefill_in_pool=w_prefill_in,
+                    step_tokens=e.max_num_batched_tokens,
+                )
+            )
+            slots += w_slots
+            kv_budget += w_kv
+            prefill_budget += w_prefill
+            reported += in_flight
+            reported_kv += kv_used
+            prefill_in_pool += w_prefill_in
+        # Dispatched after the oldest report: not reflected in every report (conservative).
+        unreflected = ledger.newer_than(min(w.reported_at for _, w in live))
+        in_pool = max(len(ledger), reported + unreflected.requests)
+        view = PoolView(
+            workers=len(live),
+            slots=slots,
+            in_pool=in_pool,
+            free=max(0, slots + c.slack - in_pool),
+            kv_budget=kv_budget,
+            kv_in_pool=max(ledger.total.kv_tokens, reported_kv + unreflected.kv_tokens),
+            prefill_budget=prefill_budget,
+            prefill_in_pool=prefill_in_pool,
+        )
+        return view, views
+
     def model_lens(self, now: float) -> dict[str, int]:
         """Per pool, the ``max_model_len`` every live worker can run (pools whose
         workers have not reported one are left out)."""
+        self._forget_silent(now)
         lens: dict[str, int] = {}
-        for pool in {w.pool for w in self._workers.values()}:
-            known = [
-                self._model_lens[wid] for wid, _ in self._live(pool, now) if wid in self._model_lens
-            ]
-            if known:
-                lens[pool] = min(known)
+        for wid, w in self._workers.items():
+            length = self._model_lens.get(wid)
+            if length is not None and self._absorbs(wid, w, now):
+                lens[w.pool] = min(lens.get(w.pool, length), length)
         return lens
 
     # -- internals -------------------------------------------------------------------
@@ -364,17 +362,29 @@ class FleetCapacity:
             found = self._pools[pool] = _Pool()
         return found
 
-    def _live(self, pool: str, now: float) -> list[tuple[str, WorkerState]]:
-        silent = [
-            wid
-            for wid, w in self._workers.items()
-            if now - w.heard_at > self.config.worker_timeout_s
-        ]
-        for wid in silent:  # forgotten; a report brings a worker back
-            del self._workers[wid]
+    def _forget_silent(self, now: float) -> None:
+        """Forget the workers not heard from within ``worker_timeout_s`` (a report
+        brings a worker back), at most once a ``FORGET_EVERY_S``: a walk of the whole
+        fleet. Until then a silent worker is kept, but not live (``_absorbs``)."""
+        if now - self._forgotten_at < FORGET_EVERY_S:
+            return
+        self._forgotten_at = now
+        timeout = self.config.worker_timeout_s
+        for wid in [wid for wid, w in self._workers.items() if now - w.heard_at > timeout]:
+            w = self._workers.pop(wid)
+            del self._by_pool[w.pool][wid]
             self._model_lens.pop(wid, None)
-        return [
-            (wid, w)
-            for wid, w in self._workers.items()
-            if w.pool == pool and w.status in _ABSORBING and self._shares.get(wid, 1.0) > 0
-        ]
+
+    def _absorbs(self, worker_id: str, w: WorkerState, now: float) -> bool:
+        """Live: heard from within ``worker_timeout_s``, starting or serving, and with a
+        share of its slots above 0."""
+        return (
+            now - w.heard_at <= self.config.worker_timeout_s
+            and w.status in _ABSORBING
+            and self._shares.get(worker_id, 1.0) > 0
+        )
+
+    def _live(self, pool: str, now: float) -> list[tuple[str, WorkerState]]:
+        self._forget_silent(now)
+        workers = self._by_pool.get(pool, {})
+        return [(wid, w) for wid, w in workers.items() if self._absorbs(wid, w, now)]

@@ -31,6 +31,13 @@ def test_a_pool_without_live_workers_has_no_capacity() -> None:
     assert cap.free("small", now=0.0) == 8 + 5
 
 
+def test_a_worker_that_moves_to_another_pool_counts_there_only() -> None:
+    cap = fleet()
+    cap.report("w1", "main", batch_limit=8, in_flight=0, now=0.0)
+    cap.report("w1", "small", batch_limit=8, in_flight=0, now=1.0)
+    assert (cap.free("main", now=1.0), cap.free("small", now=1.0)) == (0, 8)
+
+
 @pytest.mark.parametrize(
     ("limits", "in_flight", "slack", "free"),
     [

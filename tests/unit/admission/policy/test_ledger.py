@@ -48,6 +48,34 @@ def naive(
     return out, rest
 
 
+def check_answers(
+    ledger: Ledger,
+    model: dict[str, tuple[float, Cost, str | None]],
+    data: st.DataObject,
+    usual: list[float],
+) -> None:
+    """Every question the ledger answers, against a walk of every entry."""
+    # times asked about: mostly a few asked again and again (as a worker's report time
+    # is, round after round: the ledger remembers those answers), the entries' own
+    # (ties are the edge cases), or any
+    times = st.one_of(
+        st.sampled_from(usual),
+        st.sampled_from(sorted({at for at, _, _ in model.values()} | {-1.0, 0.0})),
+        st.integers(-100, 6000).map(lambda t: t / 100),
+    )
+    asked = data.draw(st.dictionaries(st.sampled_from(WORKERS), times))
+    others = data.draw(st.one_of(times, st.just(math.inf)))
+    placed, rest = naive(model, asked, others)
+    assert ledger.since(asked, others) == (placed, rest)
+    assert ledger.placed_since(asked) == placed
+    assert ledger.unplaced_since(asked, others) == rest
+    t = data.draw(times)
+    assert ledger.newer_than(t) == naive(model, {}, t)[1]
+    for t in usual:  # every worker, at the times asked about again and again
+        at_t = dict.fromkeys(WORKERS, t)
+        assert ledger.placed_since(at_t) == naive(model, at_t, math.inf)[0]
+
+
 @settings(max_examples=600, deadline=None)
 @given(ops=ops, data=st.data())
 def test_totals_and_since_sums_match_a_walk_of_every_entry(
@@ -55,6 +83,7 @@ def test_totals_and_since_sums_match_a_walk_of_every_entry(
 ) -> None:
     ledger = Ledger()
     model: dict[str, tuple[float, Cost, str | None]] = {}
+    usual = data.draw(st.lists(st.integers(-1, 80).map(lambda t: t / 10), min_size=1, max_size=3))
     now = 0.0
     for op in ops:
         if op[0] == "add":
@@ -70,6 +99,7 @@ def test_totals_and_since_sums_match_a_walk_of_every_entry(
         else:
             ledger.expire(op[1])  # type: ignore[arg-type]
             model = {k: v for k, v in model.items() if v[0] >= op[1]}  # type: ignore[operator]
+        check_answers(ledger, model, data, usual)  # remembered answers follow every change
     assert len(ledger) == len(model)
     total = Sums()
     for _, cost, _ in model.values():
@@ -81,14 +111,7 @@ def test_totals_and_since_sums_match_a_walk_of_every_entry(
             if placed == worker:
                 expected.add(cost)
         assert ledger.placed_on(worker) == expected
-    # times asked about: mostly the entries' own (ties are the edge cases), or any
-    times = st.one_of(
-        st.sampled_from(sorted({at for at, _, _ in model.values()} | {-1.0})),
-        st.integers(-100, 6000).map(lambda t: t / 100),
-    )
-    asked = data.draw(st.dictionaries(st.sampled_from(WORKERS), times))
-    others = data.draw(st.one_of(times, st.just(math.inf)))
-    assert ledger.since(asked, others) == naive(model, asked, others)
+    check_answers(ledger, model, data, usual)
 
 
 def test_an_entry_at_the_very_time_asked_about_is_not_newer() -> None:
