@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 0.25
 """How often waiting requests are checked for a passed deadline."""
+GAUGES_INTERVAL_S = 1.0
+"""How often the pool gauges of pools without work are refreshed (a round measures only
+the pools it has work for; measuring one walks its workers)."""
 ROUNDS_IN_FLIGHT = 4
 """Rounds whose acknowledgements may be outstanding at once; past that the loop waits
 for the oldest (the producer's buffer stays bounded)."""
@@ -94,6 +97,7 @@ class Dispatcher:
         """Per pool: the configured ones, and canary pools as a split names them."""
         self._wake = asyncio.Event()
         self._last_sweep = 0.0
+        self._last_gauges = -GAUGES_INTERVAL_S
 
     def wake(self) -> None:
         """Ask for a dispatch round now (capacity or control changed)."""
@@ -153,17 +157,24 @@ class Dispatcher:
     def _pick(self, now: float) -> Round[Waiting]:
         """The requests to release now (``policy.dispatching.pick``): per destination pool,
         what its budget holds shared by the scheduler; every request of a pool whose
-        breaker refuses (to be answered); the scavenger lane's to serve or shed."""
+        breaker refuses (to be answered); the scavenger lane's to serve or shed. The
+        pool gauges show what the round measured, and every pool once a
+        ``GAUGES_INTERVAL_S``."""
+        pools = self._backlog.pools(self._policy.pools(self._control))
         chosen = pick(
             self._backlog.queues,
-            self._backlog.pools(self._policy.pools(self._control)),
+            pools,
             self._policy,
             self._control,
             self._capacity,
             self._schedulers,
             now,
         )
-        for pool, view in chosen.views.items():
+        views = chosen.views
+        if now - self._last_gauges >= GAUGES_INTERVAL_S:
+            self._last_gauges = now
+            views = {p: views[p] if p in views else self._capacity.view(p, now) for p in pools}
+        for pool, view in views.items():
             m.POOL_FREE.labels(pool).set(view.free)
             m.POOL_SLOTS.labels(pool).set(view.slots)
             m.POOL_TOKENS.labels(pool, "kv", "budget").set(view.kv_budget)

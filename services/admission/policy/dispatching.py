@@ -105,7 +105,8 @@ class Round(Generic[W]):
     shed: list[W] = field(default_factory=list)
     """Scavenger-lane requests to answer ``quota_exceeded``."""
     views: dict[str, PoolView] = field(default_factory=dict)
-    """Each pool's capacity as the round saw it."""
+    """The capacity of each pool with work, as the round saw it (a pool without work
+    gets no budget: measuring one walks its workers)."""
 
 
 def _oldest(dqs: list[deque[W]]) -> deque[W] | None:
@@ -145,11 +146,13 @@ def pick(
             feeding[dest].setdefault(lane, []).append(dq)
     out: Round[W] = Round()
     for pool in pools:
+        classes = feeding.get(pool, {})
+        spare = scavengers.get(pool, [])
+        if not classes and not spare:
+            continue  # nothing for it: a budget costs a pass over its workers
         gate = policy.gate(pool, control)
         view, budget = capacity.budget(pool, now, gate.factor, gate.probes_left)
         out.views[pool] = view
-        classes = feeding.get(pool, {})
-        spare = scavengers.get(pool, [])
         if gate.refuse:
             for dqs in classes.values():
                 refused = take_oldest(dqs, sum(len(dq) for dq in dqs))

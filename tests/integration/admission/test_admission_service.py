@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import pytest
 import redis.asyncio as aioredis
 from aiokafka.errors import KafkaConnectionError
+from prometheus_client import REGISTRY
 
 from schemas import (
     BreakerLevel,
@@ -130,6 +131,22 @@ async def test_rejections_expiry_and_cancellation(
     assert tokens is None or float(tokens) == pytest.approx(full, abs=0.01)
     assert await redis.exists(quota_key(settings.redis_prefix, "c1", "requests"))
     assert len(dispatched) == 5
+
+
+async def test_pools_without_work_still_show_their_capacity(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    """A dispatch round measures only the pools it has work for; the gauges of the
+    others are refreshed on a timer, so an idle fleet's capacity is still on /metrics."""
+
+    def slots(pool: str) -> float | None:
+        return REGISTRY.get_sample_value("seawall_admission_pool_slots", {"pool": pool})
+
+    async with (
+        Admission(admission_settings(settings)),
+        capacity_feed(settings, topics, {"main": 37, "small": 23}),  # odd: not another test's
+    ):
+        await until(lambda: slots("main") == 37 and slots("small") == 23, timeout_s=20)
 
 
 async def test_redis_down_applies_the_per_tier_policy_and_keeps_running(

@@ -86,7 +86,7 @@ def test_a_pool_gets_no_more_than_its_free_slots_and_vip_comes_first() -> None:
     assert sum(len(dq) for dq in qs.values()) == 6  # the picked left their queues
 
 
-def test_each_pool_is_paced_by_its_own_capacity_and_reported_with_or_without_work() -> None:
+def test_each_pool_is_paced_by_its_own_capacity_and_only_pools_with_work_are_measured() -> None:
     qs = queues((STANDARD, "main", 3, 0.0), (STANDARD, "small", 3, 0.0))
     policy = AdmissionPolicy(PolicyConfig(tiers=DEFAULT_TIERS, pools=(*POOLS, "idle")))
     schedulers = {pool: PriorityScheduler() for pool in (*POOLS, "idle")}
@@ -94,11 +94,7 @@ def test_each_pool_is_paced_by_its_own_capacity_and_reported_with_or_without_wor
     chosen = pick(qs, (*POOLS, "idle"), policy, control(), cap, schedulers, now=0.0)
     picked, views = chosen.picked, chosen.views
     assert [i.name for i in picked] == ["standard/small/0", "standard/small/1", "standard/small/2"]
-    assert {p: (v.slots, v.free) for p, v in views.items()} == {
-        "main": (0, 0),
-        "small": (8, 10),
-        "idle": (4, 6),
-    }
+    assert {p: (v.slots, v.free) for p, v in views.items()} == {"main": (0, 0), "small": (8, 10)}
 
 
 def test_level_1_diverts_non_vip_work_to_the_small_pool() -> None:
