@@ -12,7 +12,7 @@ the bucket script per request in a pipelined round, the token reservation, the a
 check, the dispatch).
 
 Pacing. Admission dispatches only into free pool slots (``capacity.py``). This script
-plays ``WORKERS_PER_POOL`` fake workers per pool, each heartbeating every ``BEAT_S`` s as
+plays ``--workers-per-pool`` fake workers per pool (4), each heartbeating every ``BEAT_S`` s as
 ``serving`` with the largest batch limit the schema allows (65 536) and nothing in
 flight, so that the slots (and the ledger of dispatched requests, which no completion
 empties here) never bind. No worker consumes the dispatch topics; no ``RequestCompleted``
@@ -59,7 +59,8 @@ records flow, 50 ms otherwise (``seawall_client.fetch_pacing``); ``--busy-wait-m
 runs them at 50 ms throughout, as every run before this option did.
 
 Usage: ``python bench/admission_throughput.py [--requests 20000] [--duration 15]
-[--busy-wait-ms 10] [--quick]`` (``--quick``: 2 000 requests, a 3 s open loop).
+[--busy-wait-ms 10] [--workers-per-pool 4] [--quick]`` (``--quick``: 2 000 requests, a
+3 s open loop).
 Writes ``bench/results/admission_throughput.json`` and ``.png``; prints ratios against the
 baselines measured in the same run.
 """
@@ -126,6 +127,7 @@ ROOMY = json.dumps(
 WORKER_SLOTS = 65_536
 """The largest ``batch_limit`` a worker may report (``schemas.telemetry``)."""
 WORKERS_PER_POOL = 4
+"""The default of ``--workers-per-pool``."""
 BEAT_S = 0.5
 THROUGHPUT_TIMEOUT_S = 180.0
 SAMPLE_S = 0.25
@@ -157,12 +159,13 @@ def request_bytes(index: int, run: str, topics: Topics, reply_to: str) -> tuple[
     return topics.requests(priority), rid.encode(), encode(request)
 
 
-async def fake_workers(producer: AIOKafkaProducer, topic: str) -> None:
-    """Heartbeats of idle workers with the largest batch limit, every ``BEAT_S`` s."""
+async def fake_workers(producer: AIOKafkaProducer, topic: str, per_pool: int) -> None:
+    """Heartbeats of ``per_pool`` idle workers per pool with the largest batch limit, every
+    ``BEAT_S`` s."""
     started = time.time()
     while True:
         for pool in POOLS:
-            for i in range(WORKERS_PER_POOL):
+            for i in range(per_pool):
                 worker = f"bench-{pool}-{i}"
                 beat = WorkerHeartbeat(
                     worker_id=worker,
@@ -620,7 +623,9 @@ async def measure(args: argparse.Namespace, settings: CommonSettings, log: Path)
         meter = CpuMeter()
         # Baseline first, while nothing else runs: the same bytes, relayed.
         await measure_relay(settings, producer, preload, (relay_in, relay_out), meter, out)
-        beating = asyncio.create_task(fake_workers(producer, topics.telemetry))
+        beating = asyncio.create_task(
+            fake_workers(producer, topics.telemetry, args.workers_per_pool)
+        )
         out.preload_per_s = await produce_all(producer, preload)
         admission = spawn_admission(settings, log)
         assert admission.pid is not None
@@ -629,8 +634,8 @@ async def measure(args: argparse.Namespace, settings: CommonSettings, log: Path)
 
         out.rate = args.rate or out.decisions_per_s / 2
         count = int(out.rate * args.duration)
-        if args.requests + count >= WORKERS_PER_POOL * WORKER_SLOTS:
-            raise RuntimeError("more requests than the fake workers' slots: raise WORKERS_PER_POOL")
+        if args.requests + count >= args.workers_per_pool * WORKER_SLOTS:
+            raise RuntimeError("more requests than the fake workers' slots: --workers-per-pool")
         loop_items = [request_bytes(i, "open", topics, reply_to) for i in range(count)]
         dispatch = [topics.dispatch(p) for p in POOLS]
         before = meter.read()
@@ -762,6 +767,13 @@ def main() -> int:
         "script's alike (default: what `seawall up` sets on the embedded broker; 0: none, "
         "the 50 ms fetch wait throughout)",
     )
+    parser.add_argument(
+        "--workers-per-pool",
+        type=int,
+        default=WORKERS_PER_POOL,
+        help="fake workers heartbeating per pool (a large fleet: what admission's rounds "
+        "and its telemetry tail cost with it)",
+    )
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--quick", action="store_true", help="a short trial run")
     args = parser.parse_args()
@@ -854,7 +866,7 @@ def main() -> int:
         "admission": "python -m services.admission (its own process), default settings but "
         "every tier's quota at 1e9 requests and 1e12 tokens (capacity and per second) and "
         "the fetch busy wait of settings.fetch_busy_wait_ms",
-        "pacing": f"{WORKERS_PER_POOL} fake workers per pool heartbeating every {BEAT_S}s as "
+        "pacing": f"{args.workers_per_pool} fake workers per pool heartbeating every {BEAT_S}s as "
         f"serving, batch_limit {WORKER_SLOTS}, in_flight 0; no completions",
         "baselines": {
             "relay": "the same N records moved by a bare consume -> produce loop "
@@ -867,6 +879,7 @@ def main() -> int:
         },
         "settings": {
             "requests": args.requests,
+            "workers_per_pool": args.workers_per_pool,
             "open_loop_s": args.duration,
             "open_loop_rate_per_s": figures.rate,
             "tenants": len(TENANTS),
