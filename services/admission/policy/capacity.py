@@ -297,9 +297,7 @@ class FleetCapacity:
         live = self._live(pool, now)
         if not live:
             return PoolView(0, 0, len(ledger), 0), []
-        unreported = ledger.placed_since({wid: w.reported_at for wid, w in live})
         engine_at = {wid: w.engine_at for wid, w in live}
-        unprefilled = ledger.placed_since(engine_at)
         slots = kv_budget = prefill_budget = reported = reported_kv = 0
         prefill_in_pool = ledger.unplaced_since(engine_at, min(engine_at.values())).prompt_tokens
         views = []
@@ -308,8 +306,8 @@ class FleetCapacity:
             in_flight = max(0, w.in_flight - w.completed_since_report)
             e = w.engine or NO_ENGINE
             kv_used = math.ceil(e.kv_cache_usage * e.kv_capacity_tokens)
-            w_prefill_in = w.prefill_pending(now, unprefilled[wid].prompt_tokens)
-            placed, new = ledger.placed_on(wid), unreported[wid]
+            placed, new, unprefilled = ledger.placed_on(wid, w.reported_at, w.engine_at)
+            w_prefill_in = w.prefill_pending(now, unprefilled.prompt_tokens)
             views.append(
                 WorkerView(
                     worker_id=wid,

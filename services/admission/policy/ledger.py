@@ -5,7 +5,7 @@ requests in flight nor those dispatched since the workers' last reports.
 The pacing rule (``capacity``) asks three kinds of questions of the ledger: totals (how
 many requests, KV tokens, prompt tokens are in flight, per worker they were placed on);
 per worker, what was placed on it after its latest report (which the report cannot
-reflect yet: ``placed_since``); and what was dispatched after a time, on any worker
+reflect yet: ``placed_on``); and what was dispatched after a time, on any worker
 (``newer_than``) or by key (``unplaced_since``). Totals are kept up to date on every add
 and removal. Entries are in dispatch order (a re-dispatch moves to the end), overall and
 per worker they were placed on.
@@ -16,14 +16,15 @@ each of its answers is remembered by time and kept up to date as entries come an
 entries only when it has reported since. ``newer_than`` adds up slices of ``SLICE_S``
 and walks entry by entry only the one slice its time falls in. Before (slices with sums
 per worker, walked for every question), measuring six pools of 1,000 workers in all for
-a round took 23 ms, three quarters of it in the ledger; 4 ms since (13 requests in
-flight per worker, dispatched and reported over the last second; bench/README.md).
+a round took 21 ms, three quarters of it in the ledger; under 3 ms since (13 requests
+in flight per worker, dispatched and reported over the last second;
+``bench/dispatch_round.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from services.admission.policy.cost import Cost
@@ -47,9 +48,9 @@ class Sums:
         self.kv_tokens += other.kv_tokens
         self.prompt_tokens += other.prompt_tokens
 
-    def copy(self) -> Sums:
-        return Sums(self.requests, self.kv_tokens, self.prompt_tokens)
 
+NONE = Sums()
+"""No entry (shared: not to be changed)."""
 
 Entry = tuple[float, Cost, str | None]
 """When a request was dispatched, its cost, the worker it was placed on (``None``: by key)."""
@@ -87,7 +88,7 @@ class _Placed:
                 sums.add(cost, sign)
 
     def since(self, t: float) -> Sums:
-        """The sums of its entries dispatched after ``t`` (a copy)."""
+        """The sums of its entries dispatched after ``t`` (remembered: not to be changed)."""
         sums = self.memo.get(t)
         if sums is None:
             sums = Sums()
@@ -95,7 +96,7 @@ class _Placed:
             if len(self.memo) >= MEMO_TIMES:
                 del self.memo[next(iter(self.memo))]  # the longest remembered
             self.memo[t] = sums
-        return sums.copy()
+        return sums
 
 
 class Ledger:
@@ -161,18 +162,15 @@ class Ledger:
             del self._placed[worker]
         self.total.add(cost, -1)
 
-    def placed_on(self, worker: str) -> Sums:
-        """The totals of the entries placed on ``worker``."""
+    def placed_on(self, worker: str, after: float, also_after: float) -> tuple[Sums, Sums, Sums]:
+        """The sums of the entries placed on ``worker``: all of them, those dispatched
+        after ``after``, and those after ``also_after`` (a worker's latest report and its
+        latest ``EngineStats``). The ledger's own sums, read in every round: not to be
+        changed."""
         placed = self._placed.get(worker)
-        return Sums() if placed is None else placed.total.copy()
-
-    def placed_since(self, workers: Mapping[str, float]) -> dict[str, Sums]:
-        """Per worker of ``workers``, the sums of the entries placed on it after its time."""
-        out: dict[str, Sums] = {}
-        for worker, t in workers.items():
-            placed = self._placed.get(worker)
-            out[worker] = Sums() if placed is None else placed.since(t)
-        return out
+        if placed is None:
+            return NONE, NONE, NONE
+        return placed.total, placed.since(after), placed.since(also_after)
 
     def unplaced_since(self, workers: Collection[str], t: float) -> Sums:
         """The sums of the entries placed on none of ``workers`` (by key, or on another
@@ -196,13 +194,6 @@ class Ledger:
             _walk(reversed(piece.entries.values()), t, sums)
             break
         return sums
-
-    def since(
-        self, workers: Mapping[str, float], others: float = math.inf
-    ) -> tuple[dict[str, Sums], Sums]:
-        """``placed_since(workers)``, and ``unplaced_since(workers, others)`` (``inf``:
-        none)."""
-        return self.placed_since(workers), self.unplaced_since(workers, others)
 
 
 def _walk(newest_first: Iterable[Entry], t: float, sums: Sums) -> None:

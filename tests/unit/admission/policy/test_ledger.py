@@ -65,15 +65,15 @@ def check_answers(
     )
     asked = data.draw(st.dictionaries(st.sampled_from(WORKERS), times))
     others = data.draw(st.one_of(times, st.just(math.inf)))
-    placed, rest = naive(model, asked, others)
-    assert ledger.since(asked, others) == (placed, rest)
-    assert ledger.placed_since(asked) == placed
-    assert ledger.unplaced_since(asked, others) == rest
+    assert ledger.unplaced_since(asked, others) == naive(model, asked, others)[1]
     t = data.draw(times)
     assert ledger.newer_than(t) == naive(model, {}, t)[1]
-    for t in usual:  # every worker, at the times asked about again and again
-        at_t = dict.fromkeys(WORKERS, t)
-        assert ledger.placed_since(at_t) == naive(model, at_t, math.inf)[0]
+    for worker in WORKERS:  # at the times asked about again and again, and any
+        after, also_after = data.draw(st.sampled_from(usual)), data.draw(times)
+        total, since, also_since = ledger.placed_on(worker, after, also_after)
+        assert total == naive(model, {worker: -math.inf}, math.inf)[0][worker]
+        assert since == naive(model, {worker: after}, math.inf)[0][worker]
+        assert also_since == naive(model, {worker: also_after}, math.inf)[0][worker]
 
 
 @settings(max_examples=600, deadline=None)
@@ -105,12 +105,6 @@ def test_totals_and_since_sums_match_a_walk_of_every_entry(
     for _, cost, _ in model.values():
         total.add(cost)
     assert ledger.total == total
-    for worker in WORKERS:
-        expected = Sums()
-        for _, cost, placed in model.values():
-            if placed == worker:
-                expected.add(cost)
-        assert ledger.placed_on(worker) == expected
     check_answers(ledger, model, data, usual)
 
 
@@ -120,10 +114,12 @@ def test_an_entry_at_the_very_time_asked_about_is_not_newer() -> None:
     for rid, at, worker in [("r1", 1.0, "w1"), ("r2", 2.0, "w2"), ("r3", 2.0, None)]:
         ledger.add(rid, at, cost, worker)
     ledger.add("r4", 3.0, cost, "w1")
-    one = Sums(1, 15, 10)
-    assert ledger.since({"w1": 1.0, "w2": 2.0}, others=2.0) == ({"w1": one, "w2": Sums()}, Sums())
-    assert ledger.since({"w2": 1.0}, others=1.0) == ({"w2": one}, Sums(2, 30, 20))
-    assert ledger.since({"w1": 0.0}) == ({"w1": Sums(2, 30, 20)}, Sums())
+    one, two = Sums(1, 15, 10), Sums(2, 30, 20)
+    assert ledger.placed_on("w1", 1.0, 0.0) == (two, one, two)
+    assert ledger.placed_on("w2", 2.0, 1.0) == (one, Sums(), one)
+    assert ledger.unplaced_since({"w1", "w2"}, 2.0) == Sums()
+    assert ledger.unplaced_since({"w2"}, 1.0) == two  # w1's r4 and the by-key r3
+    assert ledger.newer_than(2.0) == one
     ledger.expire(2.0)  # r1 only: r2 and r3 were dispatched at 2.0
     assert len(ledger) == 3
-    assert ledger.placed_on("w1") == one
+    assert ledger.placed_on("w1", 0.0, 0.0) == (one, one, one)
