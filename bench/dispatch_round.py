@@ -20,8 +20,8 @@ For ``W`` workers spread over six pools (``--workers``, default 12, 120, 1,000 a
   does every second whatever the rounds cost.
 
 Each figure is the best of ``--repeats`` timings (the machine's other work only adds).
-A round costing a tenth of the fleet's second is what ten rounds a second add to the
-telemetry's own cost.
+A ratio of 0.1 means that ten rounds a second cost admission as much again as reading
+the fleet's telemetry.
 
 Usage: ``python bench/dispatch_round.py [--workers 12 120 1000 5000] [--repeats 7]
 [--quick]``. Writes ``bench/results/dispatch_round.json`` and ``.png``.
