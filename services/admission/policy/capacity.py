@@ -130,7 +130,7 @@ class FleetCapacity:
     ) -> None:
         """An ``EngineStats`` (``status=None``, with ``engine``) or a ``WorkerHeartbeat``
         (with ``status`` and the ``partitions`` it owns)."""
-        w = self._workers.get(worker_id)
+        w = self._heard_from(worker_id, now)
         if w is None:
             w = self._workers[worker_id] = WorkerState(pool, batch_limit, in_flight, now, now)
             self._by_pool.setdefault(pool, {})[worker_id] = w
@@ -180,8 +180,6 @@ class FleetCapacity:
         """A telemetry record, whatever its kind (those that say nothing of capacity are
         ignored): what admission's telemetry loop feeds."""
         if isinstance(event, EngineStats):
-            if event.limits.max_model_len:
-                self._model_lens[event.worker_id] = event.limits.max_model_len
             engine = Engine(
                 kv_capacity_tokens=event.limits.kv_capacity_tokens,
                 max_num_batched_tokens=event.limits.max_num_batched_tokens,
@@ -199,6 +197,8 @@ class FleetCapacity:
                 engine=engine,
                 completed_total=event.completed_total,
             )
+            if event.limits.max_model_len:
+                self._model_lens[event.worker_id] = event.limits.max_model_len
         elif isinstance(event, WorkerHeartbeat):
             self.report(
                 event.worker_id,
@@ -218,7 +218,7 @@ class FleetCapacity:
         """A ``RequestCompleted``: the slot is free, and the request leaves the ledger.
         Numbered (``seq`` > 0), it counts against the worker's latest report only if
         that report does not reflect it; unnumbered, it counts as read after it."""
-        w = self._workers.get(worker_id)
+        w = self._heard_from(worker_id, now)
         if w is not None:
             if seq:
                 w.completed_seq = max(w.completed_seq, seq)
@@ -347,9 +347,9 @@ class FleetCapacity:
         workers have not reported one are left out)."""
         self._forget_silent(now)
         lens: dict[str, int] = {}
-        for wid, w in self._workers.items():
-            length = self._model_lens.get(wid)
-            if length is not None and self._absorbs(wid, w, now):
+        for wid, length in self._model_lens.items():
+            w = self._workers[wid]
+            if self._absorbs(wid, w, now):
                 lens[w.pool] = min(lens.get(w.pool, length), length)
         return lens
 
@@ -360,18 +360,32 @@ class FleetCapacity:
             found = self._pools[pool] = _Pool()
         return found
 
+    def _heard_from(self, worker_id: str, now: float) -> WorkerState | None:
+        """The worker heard from at ``now``, as known: ``None`` if unknown, or if silent
+        past ``worker_timeout_s`` (forgotten now: it comes back as a new worker)."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return None
+        if now - w.heard_at > self.config.worker_timeout_s:
+            self._forget(worker_id)
+            return None
+        return w
+
     def _forget_silent(self, now: float) -> None:
-        """Forget the workers not heard from within ``worker_timeout_s`` (a report
-        brings a worker back), at most once a ``FORGET_EVERY_S``: a walk of the whole
-        fleet. Until then a silent worker is kept, but not live (``_absorbs``)."""
+        """Forget the workers not heard from within ``worker_timeout_s``, at most once a
+        ``FORGET_EVERY_S`` (a walk of the whole fleet): until then a silent worker is
+        kept, but not live (``_absorbs``), and forgotten when next heard from."""
         if now - self._forgotten_at < FORGET_EVERY_S:
             return
         self._forgotten_at = now
         timeout = self.config.worker_timeout_s
         for wid in [wid for wid, w in self._workers.items() if now - w.heard_at > timeout]:
-            w = self._workers.pop(wid)
-            del self._by_pool[w.pool][wid]
-            self._model_lens.pop(wid, None)
+            self._forget(wid)
+
+    def _forget(self, worker_id: str) -> None:
+        w = self._workers.pop(worker_id)
+        del self._by_pool[w.pool][worker_id]
+        self._model_lens.pop(worker_id, None)
 
     def _absorbs(self, worker_id: str, w: WorkerState, now: float) -> bool:
         """Live: heard from within ``worker_timeout_s``, starting or serving, and with a

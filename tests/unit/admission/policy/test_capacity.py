@@ -325,3 +325,100 @@ def test_a_pools_context_length_is_the_smallest_its_live_workers_report() -> Non
     assert cap.model_lens(now=12.0) == {"main": 4096}
     cap.observe(heartbeat("w1", "main", status="draining"), now=12.0)
     assert cap.model_lens(now=12.0) == {}
+
+
+def test_a_worker_heard_from_after_its_timeout_comes_back_as_a_new_one() -> None:
+    cap = fleet(timeout_s=10.0)
+    cap.observe(engine_stats("w1", "main", 8, max_model_len=2048), now=0.0)
+    assert cap.model_lens(now=9.9) == {"main": 2048}  # looked at just before its timeout
+    cap.observe(heartbeat("w1", "main"), now=10.5)  # silent 10.5 s: forgotten, back as new
+    assert cap.model_lens(now=10.5) == {}  # its context length not known again yet
+    assert cap.free("main", now=10.5) == 8
+
+
+lens_ops = st.lists(
+    st.one_of(
+        # (kind, worker, pool, figure, seconds since the last op)
+        st.tuples(
+            st.just("engine"),
+            st.sampled_from(["w1", "w2", "w3"]),
+            st.sampled_from(["main", "small"]),
+            st.sampled_from([0, 2048, 4096, 8192]),  # 0: an engine that does not say
+            st.sampled_from([0.0, 0.5, 3.0, 9.9, 10.0, 10.1]),
+        ),
+        st.tuples(
+            st.just("status"),
+            st.sampled_from(["w1", "w2", "w3"]),
+            st.sampled_from(["main", "small"]),
+            st.sampled_from(["starting", "serving", "draining", "stopped"]),
+            st.sampled_from([0.0, 0.5, 3.0, 10.0, 10.1]),
+        ),
+        st.tuples(
+            st.just("completed"),
+            st.sampled_from(["w1", "w2", "w3"]),
+            st.just(""),
+            st.just(0),
+            st.sampled_from([0.0, 2.0, 9.9, 10.1]),
+        ),
+        st.tuples(
+            st.just("share"),
+            st.sampled_from(["w1", "w2", "w3"]),
+            st.just(""),
+            st.sampled_from([0.0, 0.5, 1.0]),
+            st.just(0.0),
+        ),
+        st.tuples(
+            st.just("wait"), st.just(""), st.just(""), st.just(0), st.sampled_from([1.0, 5.0, 10.1])
+        ),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(ops=lens_ops)
+def test_context_lengths_asked_between_any_changes_are_those_of_the_live_workers(
+    ops: list[tuple[str, str, str, object, float]],
+) -> None:
+    """``model_lens`` is asked for every batch and remembers its walk of the fleet: asked
+    after any change, or after time alone, it answers as a walk of every worker would.
+    A worker heard from after its timeout is a new one (its context length unknown)."""
+    cap = fleet(timeout_s=10.0)
+    heard: dict[str, float] = {}
+    pool_of: dict[str, str] = {}
+    status: dict[str, str] = {}
+    length: dict[str, int] = {}
+    share: dict[str, float] = {}
+    now = 0.0
+    for kind, worker, pool, figure, step in ops:
+        now += step
+        if kind in ("engine", "status", "completed") and now - heard.get(worker, now) > 10.0:
+            for known in (heard, pool_of, status, length):  # silent: heard from anew
+                known.pop(worker, None)  # type: ignore[attr-defined]
+        if kind == "engine":
+            cap.observe(engine_stats(worker, pool, 8, max_model_len=figure), now=now)  # type: ignore[arg-type]
+            heard[worker], pool_of[worker] = now, pool
+            status.setdefault(worker, "serving")
+            if figure:
+                length[worker] = figure  # type: ignore[assignment]
+        elif kind == "status":
+            cap.observe(heartbeat(worker, pool, status=figure), now=now)  # type: ignore[arg-type]
+            heard[worker], pool_of[worker], status[worker] = now, pool, figure  # type: ignore[assignment]
+        elif kind == "completed":
+            cap.completed(worker, "r", now=now)
+            if worker in heard:
+                heard[worker] = now
+        elif kind == "share":
+            cap.share(worker, figure)  # type: ignore[arg-type]
+            share[worker] = figure  # type: ignore[assignment]
+        expected: dict[str, int] = {}
+        for w, n in length.items():
+            live = (
+                w in heard
+                and now - heard[w] <= 10.0
+                and status[w] in ("starting", "serving")
+                and share.get(w, 1.0) > 0
+            )
+            if live:
+                expected[pool_of[w]] = min(expected.get(pool_of[w], n), n)
+        assert cap.model_lens(now) == expected
