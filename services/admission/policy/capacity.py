@@ -366,7 +366,7 @@ class FleetCapacity:
         w = self._workers.get(worker_id)
         if w is None:
             return None
-        if now - w.heard_at > self.config.worker_timeout_s:
+        if self._silent(w, now):
             self._forget(worker_id)
             return None
         return w
@@ -378,8 +378,7 @@ class FleetCapacity:
         if now - self._forgotten_at < FORGET_EVERY_S:
             return
         self._forgotten_at = now
-        timeout = self.config.worker_timeout_s
-        for wid in [wid for wid, w in self._workers.items() if now - w.heard_at > timeout]:
+        for wid in [wid for wid, w in self._workers.items() if self._silent(w, now)]:
             self._forget(wid)
 
     def _forget(self, worker_id: str) -> None:
@@ -387,11 +386,14 @@ class FleetCapacity:
         del self._by_pool[w.pool][worker_id]
         self._model_lens.pop(worker_id, None)
 
+    def _silent(self, w: WorkerState, now: float) -> bool:
+        """Not heard from within ``worker_timeout_s``."""
+        return now - w.heard_at > self.config.worker_timeout_s
+
     def _absorbs(self, worker_id: str, w: WorkerState, now: float) -> bool:
-        """Live: heard from within ``worker_timeout_s``, starting or serving, and with a
-        share of its slots above 0."""
+        """Live: not silent, starting or serving, and with a share of its slots above 0."""
         return (
-            now - w.heard_at <= self.config.worker_timeout_s
+            not self._silent(w, now)
             and w.status in _ABSORBING
             and self._shares.get(worker_id, 1.0) > 0
         )

@@ -60,7 +60,8 @@ SLICE_S = 1 / 64
 
 MEMO_TIMES = 4
 """Answers remembered per worker: the times of its latest report and of its latest
-``EngineStats``, and the pool's oldest report time, with room for one more."""
+``EngineStats``, with room for more (the by-key entries are asked about at the pool's
+oldest ``EngineStats``, which moves as workers report)."""
 
 
 @dataclass(slots=True)
@@ -176,8 +177,6 @@ class Ledger:
         """The sums of the entries placed on none of ``workers`` (by key, or on another
         worker) after ``t``."""
         rest = Sums()
-        if t == math.inf:
-            return rest
         for worker, placed in self._placed.items():
             if worker is None or worker not in workers:
                 rest.plus(placed.since(t))
