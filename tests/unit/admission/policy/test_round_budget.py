@@ -4,6 +4,8 @@ while the session's worker has room — instead of letting the key's hash choose
 
 from __future__ import annotations
 
+import dataclasses
+import zlib
 from collections import Counter
 
 import pytest
@@ -12,12 +14,14 @@ from hypothesis import strategies as st
 
 from services.admission.policy.capacity import FleetCapacity
 from services.admission.policy.cost import Cost
+from services.admission.policy.round_budget import PoolView, RoundBudget, WorkerView, _Room
 from services.admission.policy.workers import CapacityConfig
 from tests.admission_helpers import engine_stats, heartbeat
 
 pytestmark = pytest.mark.unit
 
 SMALL = Cost(100, 100)
+RESERVE = 0.25
 
 
 def fleet(*workers: tuple[str, int, tuple[int, ...]], in_flight: int = 0) -> FleetCapacity:
@@ -166,3 +170,88 @@ def test_short_work_goes_where_no_prefill_queues_long_prompts_where_there_is_roo
     # w1: 40 of 64 slots, no prefill; w2: 2 slots, 2 steps of prefill (4,500 of 8,192)
     assert place(cap, 3, cost=Cost(200, 50)) == ["w1"] * 3  # busier, but no prefill
     assert place(cap, 1, cost=Cost(1_500, 50)) == ["w2"]  # the least loaded
+
+
+class _Linear:
+    """The model: placement as the rule reads (module notes), a pass over the workers
+    per request."""
+
+    def __init__(self, workers: list[WorkerView], long_prompt: int) -> None:
+        self.rooms = [_Room(w, 0, i) for i, w in enumerate(w for w in workers if w.partitions)]
+        self.owner = {p: room for room in self.rooms for p in room.view.partitions}
+        self.long_prompt = long_prompt
+
+    def fits(self, cost: Cost, keep: float) -> bool:
+        return any(room.fits(cost, keep) for room in self.rooms)
+
+    def place(self, cost: Cost, keep: float, key: str, session: str | None) -> tuple[str, int]:
+        room, home = None, None
+        if session is not None:
+            partitions = sorted(self.owner)
+            home = partitions[zlib.crc32(session.encode()) % len(partitions)]
+            room = self.owner[home]
+        if room is None or not room.fits(cost, keep):
+            fitting = [r for r in self.rooms if r.fits(cost, keep)] or self.rooms
+            if self.long_prompt and cost.prompt_tokens >= self.long_prompt:
+                room = min(fitting, key=lambda r: r.load)
+            else:
+                room = min(fitting, key=lambda r: (r.prefill_steps, r.load))
+        room.take(cost)
+        parts = room.view.partitions
+        if home not in parts:
+            home = parts[zlib.crc32(key.encode()) % len(parts)]
+        return room.view.worker_id, home
+
+
+_worker = st.tuples(
+    st.integers(1, 6),  # slots
+    st.integers(0, 6),  # in flight
+    st.sampled_from([0, 2_000, 4_000]),  # KV budget (0: not reported)
+    st.integers(0, 4_000),  # KV in flight
+    st.sampled_from([0, 1_000, 3_000]),  # prefill budget
+    st.integers(0, 3_000),  # prefill queued
+    st.sampled_from([0, 512, 1_000]),  # engine step tokens
+    st.integers(0, 2),  # partitions owned
+)
+_request = st.tuples(
+    st.builds(Cost, st.integers(1, 2_500), st.integers(1, 300)),
+    st.booleans(),  # VIP
+    st.sampled_from([None, "s1", "s2", "s3"]),  # session
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    workers=st.lists(_worker, min_size=1, max_size=8),
+    requests=st.lists(_request, max_size=40),
+    long_prompt=st.sampled_from([0, 800, 2_000]),
+)
+def test_placement_by_the_round_s_order_is_the_rule_s_pass_over_the_workers(
+    workers: list[tuple[int, int, int, int, int, int, int, int]],
+    requests: list[tuple[Cost, bool, str | None]],
+    long_prompt: int,
+) -> None:
+    """Every answer of ``fits`` and every placement (worker and partition), request
+    after request, ties included, as a pass over the workers gives them."""
+    views, partition = [], 0
+    for i, (slots, busy, kv, kv_used, prefill, queued, step, owned) in enumerate(workers):
+        partitions = tuple(range(partition, partition + owned))
+        partition += owned
+        views.append(
+            WorkerView(
+                f"w{i}", partitions, slots, min(busy, slots), kv, kv_used, prefill, queued, step
+            )
+        )
+    if not any(v.partitions for v in views):
+        views[0] = dataclasses.replace(views[0], partitions=(partition,))
+    unlimited = PoolView(workers=len(views), slots=10_000, in_pool=0, free=10_000)
+    budget = RoundBudget(unlimited, RESERVE, workers=views, pool="main", long_prompt=long_prompt)
+    model = _Linear(views, long_prompt)
+    for i, (cost, vip, session) in enumerate(requests):
+        keep = 0.0 if vip else RESERVE
+        fits = budget.fits(cost, vip)
+        assert fits == model.fits(cost, keep)
+        if fits:
+            placed = budget.take(cost, vip, key=f"r{i}", session=session)
+            assert placed is not None
+            assert (placed.worker_id, placed.partition) == model.place(cost, keep, f"r{i}", session)
