@@ -109,6 +109,11 @@ class _Room:
         budgets = (v.slots, v.kv_budget, v.prefill_budget)
         return _fits(cost, keep, free, budgets, self.kv, self.prefill)
 
+    @property
+    def full(self) -> bool:
+        """No slot left even for VIP: nothing fits it again this round."""
+        return self.view.slots + self.slack - self.in_pool < 1
+
     def take(self, cost: Cost) -> None:
         self.taken += 1
         self.in_pool += 1
@@ -144,28 +149,34 @@ def _long_key(room: _Room) -> float:
 
 
 class _Order:
-    """A round's workers by ``key``, least first, ties in their order: a heap of
-    (key, index, ``taken`` when pushed). A room's entry goes stale when it takes a
-    request (``renew`` pushes the new one); stale entries are dropped as they surface."""
+    """A round's workers that have a slot left, by ``key``, least first, ties in their
+    order: a heap of (key, index, ``taken`` when pushed). A room's entry goes stale when
+    it takes a request (``renew`` pushes the new one, unless the room is full);
+    stale entries are dropped as they surface. A full room leaves for the round: near
+    saturation, full workers would otherwise be looked at for every request."""
 
     def __init__(self, rooms: Sequence[_Room], key: Callable[[_Room], object]) -> None:
         self._rooms = rooms
         self._key = key
-        self._heap: list[tuple[Any, int, int]] = [(key(r), r.index, r.taken) for r in rooms]
+        self._heap: list[tuple[Any, int, int]] = [
+            (key(r), r.index, r.taken) for r in rooms if not r.full
+        ]
         heapq.heapify(self._heap)
 
     def renew(self, room: _Room) -> None:
-        heapq.heappush(self._heap, (self._key(room), room.index, room.taken))
+        if not room.full:
+            heapq.heappush(self._heap, (self._key(room), room.index, room.taken))
 
-    def least(self) -> _Room:
-        """The least room (there is one: every room has a live entry)."""
+    def least(self) -> _Room | None:
+        """The least room with a slot left, if any."""
         heap = self._heap
-        while True:
+        while heap:
             _, index, taken = heap[0]
             room = self._rooms[index]
             if taken == room.taken:
                 return room
             heapq.heappop(heap)
+        return None
 
     def first_fitting(self, cost: Cost, keep: float) -> _Room | None:
         """The least room ``cost`` fits, if any."""
@@ -241,9 +252,12 @@ class RoundBudget:
         budgets = (v.slots, v.kv_budget, v.prefill_budget)
         if not _fits(cost, keep, self._slots_free, budgets, self._kv, self._prefill):
             return False
-        if not self._rooms or self._order(long=False).least().fits(cost, keep):
+        if not self._rooms:
             return True
-        return any(room.fits(cost, keep) for room in self._rooms)
+        least = self._order(long=False).least()
+        if least is None:
+            return False  # every worker full
+        return least.fits(cost, keep) or any(room.fits(cost, keep) for room in self._rooms)
 
     def take(
         self,
@@ -269,7 +283,9 @@ class RoundBudget:
         if room is None or not room.fits(cost, keep):
             long = bool(self._long_prompt) and cost.prompt_tokens >= self._long_prompt
             order = self._order(long)
-            room = order.first_fitting(cost, keep) or order.least()
+            room = order.first_fitting(cost, keep)
+            if room is None:  # nothing fits (``fits`` said otherwise): the least of all
+                room = min(self._rooms, key=_long_key if long else _short_key)
         room.take(cost)
         for built in (self._short, self._long):
             if built is not None:
