@@ -140,6 +140,12 @@ class _Room:
         return top + total / 1000  # ties go to the emptier overall
 
 
+LOOKS = 8
+"""Workers a placement looks at in order before it passes over the whole pool: when
+the least loaded ones do not fit a request (VIP reserve reached, KV or prefill full)
+while others do, the pass costs what placing cost before the order, and no more."""
+
+
 def _short_key(room: _Room) -> tuple[int, float]:
     return room.prefill_steps, room.load
 
@@ -179,10 +185,11 @@ class _Order:
         return None
 
     def first_fitting(self, cost: Cost, keep: float) -> _Room | None:
-        """The least room ``cost`` fits, if any."""
-        heap, looked = self._heap, []
+        """The least room ``cost`` fits, if one of the ``LOOKS`` least does."""
+        heap = self._heap
+        looked: list[tuple[Any, int, int]] = []
         found = None
-        while heap:
+        while heap and len(looked) < LOOKS:
             entry = heapq.heappop(heap)
             room = self._rooms[entry[1]]
             if entry[2] != room.taken:
@@ -282,10 +289,10 @@ class RoundBudget:
             room = self._owner[home]
         if room is None or not room.fits(cost, keep):
             long = bool(self._long_prompt) and cost.prompt_tokens >= self._long_prompt
-            order = self._order(long)
-            room = order.first_fitting(cost, keep)
-            if room is None:  # nothing fits (``fits`` said otherwise): the least of all
-                room = min(self._rooms, key=_long_key if long else _short_key)
+            room = self._order(long).first_fitting(cost, keep)
+            if room is None:
+                fitting = [r for r in self._rooms if r.fits(cost, keep)] or self._rooms
+                room = min(fitting, key=_long_key if long else _short_key)
         room.take(cost)
         for built in (self._short, self._long):
             if built is not None:

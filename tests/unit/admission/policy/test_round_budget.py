@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from collections import Counter
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.admission.policy import round_budget
 from services.admission.policy.capacity import FleetCapacity
 from services.admission.policy.cost import Cost
 from services.admission.policy.round_budget import PoolView, RoundBudget, WorkerView, _Room
@@ -220,19 +222,31 @@ _request = st.tuples(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@pytest.mark.parametrize("looks", [1, round_budget.LOOKS])
+@settings(max_examples=300, deadline=None)
 @given(
     workers=st.lists(_worker, min_size=1, max_size=8),
     requests=st.lists(_request, max_size=40),
     long_prompt=st.sampled_from([0, 800, 2_000]),
 )
 def test_placement_by_the_round_s_order_is_the_rule_s_pass_over_the_workers(
+    looks: int,
     workers: list[tuple[int, int, int, int, int, int, int, int]],
     requests: list[tuple[Cost, bool, str | None]],
     long_prompt: int,
 ) -> None:
     """Every answer of ``fits`` and every placement (worker and partition), request
-    after request, ties included, as a pass over the workers gives them."""
+    after request, ties included, as a pass over the workers gives them — whether the
+    order finds the worker or gives up after ``looks`` and passes over the pool."""
+    with mock.patch.object(round_budget, "LOOKS", looks):
+        _place_as_the_model_does(workers, requests, long_prompt)
+
+
+def _place_as_the_model_does(
+    workers: list[tuple[int, int, int, int, int, int, int, int]],
+    requests: list[tuple[Cost, bool, str | None]],
+    long_prompt: int,
+) -> None:
     views, partition = [], 0
     for i, (slots, busy, kv, kv_used, prefill, queued, step, owned) in enumerate(workers):
         partitions = tuple(range(partition, partition + owned))
