@@ -103,16 +103,20 @@ class _Room:
         self.kv = view.kv_in_pool
         self.prefill = view.prefill_in_pool
 
+    @property
+    def free(self) -> int:
+        """Its slots left this round, the VIP reserve included."""
+        return self.view.slots + self.slack - self.in_pool
+
     def fits(self, cost: Cost, keep: float) -> bool:
         v = self.view
-        free = v.slots + self.slack - self.in_pool
         budgets = (v.slots, v.kv_budget, v.prefill_budget)
-        return _fits(cost, keep, free, budgets, self.kv, self.prefill)
+        return _fits(cost, keep, self.free, budgets, self.kv, self.prefill)
 
     @property
     def full(self) -> bool:
         """No slot left even for VIP: nothing fits it again this round."""
-        return self.view.slots + self.slack - self.in_pool < 1
+        return self.free < 1
 
     def take(self, cost: Cost) -> None:
         self.taken += 1
