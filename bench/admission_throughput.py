@@ -7,16 +7,21 @@ local Redis, under a topic prefix and a Redis prefix of its own (its keys are de
 the end). Requests come from twelve tenants, four per tier, each on its tier's priority
 topic (basic → bulk, pro → standard, enterprise → vip), for both pools (enterprise always
 to ``main``), with a ~110-token prompt; every tier's quota is set so high (``SEAWALL_QUOTA_*``)
-that every request is admitted: each decision is the full path (screen, one EVALSHA of
-the bucket script per request in a pipelined round, the token reservation, the abort
-check, the dispatch).
+that every request is admitted: each decision is the full path (screen, the quota charge
+— a batch's charges in a few calls of the bucket script, one round trip — the token
+reservation, placement on a worker, the abort check, the dispatch).
 
 Pacing. Admission dispatches only into free pool slots (``capacity.py``). This script
 plays ``--workers-per-pool`` fake workers per pool (4), each heartbeating every ``BEAT_S`` s as
 ``serving`` with the largest batch limit the schema allows (65 536) and nothing in
 flight, so that the slots (and the ledger of dispatched requests, which no completion
-empties here) never bind. No worker consumes the dispatch topics; no ``RequestCompleted``
-is sent, so the corrections loop stays idle.
+empties here) never bind. Each reports the dispatch partitions a consumer group would
+assign it (round robin: partition ``p`` to worker ``p mod --workers-per-pool``; with 3
+partitions and 4 workers, one owns none), as real workers do, so that admission places
+every request on a worker (``policy/round_budget.py``); the requests carry no session
+(the usual request over HTTP), so each is placed on the least loaded worker. No worker
+consumes the dispatch topics; no ``RequestCompleted`` is sent, so the corrections loop
+stays idle.
 
 1. *Throughput.* ``N`` requests are produced (and acked) on the priority topics before
    admission starts; it then joins its group and works through them. Decisions per second
@@ -138,8 +143,8 @@ DRAIN_TIMEOUT_S = 20.0
 
 # -- the pieces around admission ----------------------------------------------------------
 def request_bytes(index: int, run: str, topics: Topics, reply_to: str) -> tuple[str, bytes, bytes]:
-    """Request ``index``: its priority topic, its key (the request id, also its session, so
-    that its dispatch record carries it too) and its encoded value."""
+    """Request ``index``: its priority topic, its key (the request id, which its dispatch
+    record carries too: it has no session) and its encoded value."""
     tenant, tier = TENANTS[index % len(TENANTS)]
     rid = f"{run}-{index}"
     priority = TIER_PRIORITY[tier]
@@ -153,20 +158,23 @@ def request_bytes(index: int, run: str, topics: Topics, reply_to: str) -> tuple[
         sampling=SamplingParams(max_tokens=MAX_TOKENS),
         reply_to=reply_to,
         created_at=time.time(),
-        session_id=rid,
         prompt_tokens=PROMPT_TOKENS,
     )
     return topics.requests(priority), rid.encode(), encode(request)
 
 
-async def fake_workers(producer: AIOKafkaProducer, topic: str, per_pool: int) -> None:
+async def fake_workers(
+    producer: AIOKafkaProducer, topic: str, per_pool: int, partitions: int
+) -> None:
     """Heartbeats of ``per_pool`` idle workers per pool with the largest batch limit, every
-    ``BEAT_S`` s."""
+    ``BEAT_S`` s, each owning the dispatch partitions a round-robin assignment of
+    ``partitions`` would give it."""
     started = time.time()
     while True:
         for pool in POOLS:
             for i in range(per_pool):
                 worker = f"bench-{pool}-{i}"
+                owned = tuple(p for p in range(partitions) if p % per_pool == i)
                 beat = WorkerHeartbeat(
                     worker_id=worker,
                     pool=pool,
@@ -178,6 +186,7 @@ async def fake_workers(producer: AIOKafkaProducer, topic: str, per_pool: int) ->
                     host_memory_pct=1.0,
                     started_at=started,
                     at=time.time(),
+                    partitions=owned,
                 )
                 await producer.send(topic, encode(beat), key=worker.encode())
         await asyncio.sleep(BEAT_S)
@@ -624,7 +633,7 @@ async def measure(args: argparse.Namespace, settings: CommonSettings, log: Path)
         # Baseline first, while nothing else runs: the same bytes, relayed.
         await measure_relay(settings, producer, preload, (relay_in, relay_out), meter, out)
         beating = asyncio.create_task(
-            fake_workers(producer, topics.telemetry, args.workers_per_pool)
+            fake_workers(producer, topics.telemetry, args.workers_per_pool, n)
         )
         out.preload_per_s = await produce_all(producer, preload)
         admission = spawn_admission(settings, log)
@@ -867,7 +876,9 @@ def main() -> int:
         "every tier's quota at 1e9 requests and 1e12 tokens (capacity and per second) and "
         "the fetch busy wait of settings.fetch_busy_wait_ms",
         "pacing": f"{args.workers_per_pool} fake workers per pool heartbeating every {BEAT_S}s as "
-        f"serving, batch_limit {WORKER_SLOTS}, in_flight 0; no completions",
+        f"serving, batch_limit {WORKER_SLOTS}, in_flight 0, owning the dispatch partitions "
+        "a round-robin assignment gives them (admission places each request, which has "
+        "no session, on a worker); no completions",
         "baselines": {
             "relay": "the same N records moved by a bare consume -> produce loop "
             "(getmany of intake_batch, send, await acks) in the benchmark process",
