@@ -7,6 +7,7 @@ Imported by the benchmark scripts as ``_common`` (``python bench/<name>.py`` put
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import platform
@@ -15,8 +16,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from schemas import (
@@ -42,6 +43,28 @@ GPU_TOTAL_BYTES = 80 * 2**30
 GPU_RESERVED = 0.9
 """The engine's ``gpu_memory_utilization``: a healthy worker uses exactly this share."""
 HEALTHY_TEMP_C, HOT_TEMP_C = 60.0, 95.0
+
+
+@contextmanager
+def steady_clock_hand() -> Iterator[None]:
+    """No cyclic garbage collection in this process while the block runs.
+
+    The benchmark process is the load generator and the stopwatch: it holds every
+    request it sends and every timestamp it takes, hundreds of thousands of objects, and
+    a full collection over them stops it for 100-160 ms every few seconds (measured with
+    ``gc.callbacks`` in the admission benchmark's open loop). Sends then fall behind
+    their schedule and receipts are stamped late, which the latency figures would blame
+    on the system measured. What exists before the block is frozen out of later
+    collections and collection is off within it (reference counting still frees
+    nearly everything); the services measured run with the interpreter's defaults."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 @asynccontextmanager

@@ -63,6 +63,20 @@ fetches as ``seawall up`` has them fetch on the embedded broker: a 10 ms wait wh
 records flow, 50 ms otherwise (``seawall_client.fetch_pacing``); ``--busy-wait-ms 0``
 runs them at 50 ms throughout, as every run before this option did.
 
+What would skew the latencies, kept out:
+
+- The embedded broker's fetch costs more the more batches a partition holds (Tansu
+  0.6.0's memory storage lists every batch of the partition for each fetch that
+  returns records, and never deletes one), so a hop slows down as its topic fills:
+  within every phase alike, and across phases where one reads what another wrote. Each
+  latency phase reads topics no earlier phase wrote. (Until 2026-12-07 the two-hop
+  phase's relay wrote into the one-hop phase's topic: 65-96 ms at p50 there against
+  21 ms on a fresh topic, in the same harness.)
+- This process is the load generator and the stopwatch, and it holds every request
+  and timestamp of the run: its full garbage collections stopped it for 100-160 ms
+  every few seconds of an open loop. None runs while a phase is timed
+  (``_common.steady_clock_hand``); admission runs with the interpreter's defaults.
+
 Usage: ``python bench/admission_throughput.py [--requests 20000] [--duration 15]
 [--busy-wait-ms 10] [--workers-per-pool 4] [--quick]`` (``--quick``: 2 000 requests, a
 3 s open loop).
@@ -92,7 +106,16 @@ from typing import Any
 
 import psutil
 import redis.asyncio as aioredis
-from _common import EMBEDDED_BROKER, embedded_broker, fmt, machine, output_dir, ratio, summary
+from _common import (
+    EMBEDDED_BROKER,
+    embedded_broker,
+    fmt,
+    machine,
+    output_dir,
+    ratio,
+    steady_clock_hand,
+    summary,
+)
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas import (
@@ -511,42 +534,43 @@ async def open_loop(
     out = OpenLoop()
     expected = {key for _, key, _ in items}
     async with reading(settings, read_from, from_start=False) as consumer:
+        with steady_clock_hand():
 
-        async def receive() -> None:
-            while not expected <= out.received.keys():
-                batches = await consumer.getmany(timeout_ms=100)
-                at = time.time()
-                for records in batches.values():
-                    for r in records:
-                        out.received[r.key] = (at, r.timestamp)
+            async def receive() -> None:
+                while not expected <= out.received.keys():
+                    batches = await consumer.getmany(timeout_ms=100)
+                    at = time.time()
+                    for records in batches.values():
+                        for r in records:
+                            out.received[r.key] = (at, r.timestamp)
 
-        def on_ack(key: bytes) -> Callable[[asyncio.Future[Any]], None]:
-            def acked(future: asyncio.Future[Any]) -> None:
-                if not future.cancelled() and future.exception() is None:
-                    out.acked[key] = time.time()
+            def on_ack(key: bytes) -> Callable[[asyncio.Future[Any]], None]:
+                def acked(future: asyncio.Future[Any]) -> None:
+                    if not future.cancelled() and future.exception() is None:
+                        out.acked[key] = time.time()
 
-            return acked
+                return acked
 
-        receiving = asyncio.create_task(receive())
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        futures: list[asyncio.Future[Any]] = []
-        for i, (topic, key, value) in enumerate(items):
-            due = start + i / rate
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -0.01:
-                out.late_sends += 1
-            future = await producer.send(topic, value, key=key)
-            future.add_done_callback(on_ack(key))
-            futures.append(future)
-        await asyncio.gather(*futures)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(receiving, DRAIN_TIMEOUT_S)
-        receiving.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await receiving
+            receiving = asyncio.create_task(receive())
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            futures: list[asyncio.Future[Any]] = []
+            for i, (topic, key, value) in enumerate(items):
+                due = start + i / rate
+                delay = due - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                elif delay < -0.01:
+                    out.late_sends += 1
+                future = await producer.send(topic, value, key=key)
+                future.add_done_callback(on_ack(key))
+                futures.append(future)
+            await asyncio.gather(*futures)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(receiving, DRAIN_TIMEOUT_S)
+            receiving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await receiving
     return out
 
 
@@ -609,8 +633,9 @@ async def forget_keys(settings: CommonSettings) -> None:
 async def measure(args: argparse.Namespace, settings: CommonSettings, log: Path) -> Figures:
     topics = topics_of(settings)
     prefix = settings.topic_prefix
-    relay_in, relay_out, hop, hop_in = (
-        f"{prefix}bench.{n}" for n in ("relay-in", "relay-out", "hop", "hop-in")
+    # Every phase reads a topic no earlier phase wrote (the module docstring).
+    relay_in, relay_out, hop, hop_in, hop_out = (
+        f"{prefix}bench.{n}" for n in ("relay-in", "relay-out", "hop", "hop-in", "hop-out")
     )
     n = settings.topic_partitions
     reply_to = topics.reply("bench")
@@ -619,7 +644,7 @@ async def measure(args: argparse.Namespace, settings: CommonSettings, log: Path)
         [
             *topics.specs(),
             topics.reply_spec("bench"),
-            *(TopicSpec(t, n) for t in (relay_in, relay_out, hop, hop_in)),
+            *(TopicSpec(t, n) for t in (relay_in, relay_out, hop, hop_in, hop_out)),
         ],
     )
     out = Figures()
@@ -656,9 +681,9 @@ async def measure(args: argparse.Namespace, settings: CommonSettings, log: Path)
         out.hop = await open_loop(settings, producer, hop_items, out.rate, [hop])
         before = meter.read()
         out.cores["hop"] = cores(after, before)
-        async with forwarding(settings, hop_in, hop):
+        async with forwarding(settings, hop_in, hop_out):
             forwarded = [(hop_in, k, v) for _, k, v in loop_items]
-            out.two_hops = await open_loop(settings, producer, forwarded, out.rate, [hop])
+            out.two_hops = await open_loop(settings, producer, forwarded, out.rate, [hop_out])
         out.cores["two_hops"] = cores(before, meter.read())
 
         out.unanswered = {
@@ -688,7 +713,8 @@ async def measure_relay(
     await produce_all(producer, [(src, k, v) for _, k, v in preload])
     batch = AdmissionSettings(_env_file=None).intake_batch
     cpu, before = time.process_time(), meter.read()
-    await relay(settings, src, dst, len(preload), batch)
+    with steady_clock_hand():  # the baseline as fast as this process can move records
+        await relay(settings, src, dst, len(preload), batch)
     out.relay_cpu_us = (time.process_time() - cpu) / len(preload) * 1e6
     out.cores["relay"] = cores(before, meter.read())
     stamps = await timestamps(settings, [dst], len(preload))
@@ -888,6 +914,8 @@ def main() -> int:
             f"{FORWARD_IN_FLIGHT} batches in flight): the hops admission's path has, "
             "without its decisions",
         },
+        "timing": "each latency phase reads topics no earlier phase wrote; the benchmark "
+        "process runs no cyclic garbage collection while the relay or an open loop is timed",
         "settings": {
             "requests": args.requests,
             "workers_per_pool": args.workers_per_pool,
