@@ -2,7 +2,9 @@
 
 Order: broker, Redis, topics, then the services. It shows what listens where and
 each process's state, restarts a crashed service (crash-only services, with backoff),
-and on Ctrl-C or SIGTERM stops everything in reverse order, leaving no process behind.
+says when the embedded broker has filled up enough to slow the stack
+(``seawall.broker_fill``), and on Ctrl-C or SIGTERM stops everything in reverse order,
+leaving no process behind.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
+from aiokafka.errors import KafkaError
 from rich.console import Console
 from rich.table import Table
 
-from seawall import embedded
+from seawall import broker_fill, embedded
 from seawall.procs import ChildProcess
 from seawall_client.kafka import ensure_topics
 from seawall_client.topics import Topics
@@ -154,6 +157,8 @@ class Stack:
         self.bootstrap = ""
         self.redis_url = ""
         self._pepper_file: Path | None = None
+        self.fill_alarm = broker_fill.FillAlarm()
+        self._next_fill_check = 0.0
 
     # -- start ---------------------------------------------------------------
     def start(self) -> None:
@@ -335,6 +340,22 @@ class Stack:
                 part.next_restart = 0.0
                 self._start(part)
 
+    def check_fill(self) -> None:
+        """On the embedded broker, at once and then once a ``broker_fill.CHECK_INTERVAL_S``:
+        say so when its fullest partition passed the alarm's next threshold. A broker
+        that does not answer in time is asked again next time (one that died ends the
+        stack in ``supervise``)."""
+        now = time.monotonic()
+        if self.options.kafka_bootstrap is not None or now < self._next_fill_check:
+            return
+        self._next_fill_check = now + broker_fill.CHECK_INTERVAL_S
+        try:
+            found = asyncio.run(broker_fill.read_fullest(self.bootstrap))
+        except (KafkaError, OSError, TimeoutError):
+            return
+        if found is not None and self.fill_alarm.passed(found.records):
+            self.console.print(f"[yellow]{broker_fill.warning(found)}[/]", highlight=False)
+
     def wait_healthy(self, stop: threading.Event, timeout_s: float = 90.0) -> None:
         """Wait until every service answers on its metrics endpoint, a stop is
         requested, or ``timeout_s`` has passed. A service that dies meanwhile is
@@ -412,6 +433,7 @@ def run(options: UpOptions, console: Console | None = None) -> int:
         console.print("[bold green]seawall is up[/] — Ctrl-C stops it", highlight=False)
         while not stop.wait(0.5):
             stack.supervise()
+            stack.check_fill()
         console.print("stopping…")
         return 0
     except embedded.StackError as e:
