@@ -17,7 +17,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
+
+from seawall.reading import partitions
+from services.common.bus import make_consumer
+from services.common.settings import CommonSettings
 
 CHECK_INTERVAL_S = 60.0
 """How often ``seawall up`` reads the embedded broker's end offsets."""
@@ -33,8 +37,9 @@ READ_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class Fullest:
-    """The partition holding the most records, and how many (its end offset: the
-    broker deletes nothing, so every record ever written)."""
+    """The partition holding the most records, and about how many: its end offset, as
+    the broker deletes nothing (Tansu's stops at the first offset of the partition's
+    last batch)."""
 
     topic: str
     partition: int
@@ -70,21 +75,16 @@ def fullest(ends: dict[TopicPartition, int]) -> Fullest | None:
     return best
 
 
-async def read_fullest(bootstrap: str, timeout_s: float = READ_TIMEOUT_S) -> Fullest | None:
+async def read_fullest(
+    settings: CommonSettings, timeout_s: float = READ_TIMEOUT_S
+) -> Fullest | None:
     """The broker's fullest partition, from one metadata and one end-offsets request
     (no consumer group); raises on a broker that does not answer within ``timeout_s``."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
-    )
+    consumer = make_consumer(settings, group_id=None, request_timeout_ms=int(timeout_s * 1000))
     async with asyncio.timeout(timeout_s):
         await consumer.start()
         try:
-            topics = await consumer.topics()
-            tps = [
-                TopicPartition(t, p)
-                for t in topics
-                for p in sorted(consumer.partitions_for_topic(t) or ())
-            ]
+            tps = [tp for topic in await consumer.topics() for tp in partitions(consumer, topic)]
             ends: dict[TopicPartition, int] = await consumer.end_offsets(tps) if tps else {}
         finally:
             await consumer.stop()

@@ -32,6 +32,7 @@ from seawall.procs import ChildProcess
 from seawall_client.kafka import ensure_topics
 from seawall_client.topics import Topics
 from services.common.bus import wait_for_broker
+from services.common.settings import CommonSettings
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 STARTUP_RESTARTS = 2
@@ -344,14 +345,16 @@ class Stack:
         """On the embedded broker, at once and then once a ``broker_fill.CHECK_INTERVAL_S``:
         say so when its fullest partition passed the alarm's next threshold. A broker
         that does not answer in time is asked again next time (one that died ends the
-        stack in ``supervise``)."""
+        stack in ``supervise``); settings the environment makes invalid skip the check
+        (the services say what is wrong with them)."""
         now = time.monotonic()
         if self.options.kafka_bootstrap is not None or now < self._next_fill_check:
             return
         self._next_fill_check = now + broker_fill.CHECK_INTERVAL_S
         try:
-            found = asyncio.run(broker_fill.read_fullest(self.bootstrap))
-        except (KafkaError, OSError, TimeoutError):
+            settings = CommonSettings(_env_file=None, kafka_bootstrap=self.bootstrap)
+            found = asyncio.run(broker_fill.read_fullest(settings))
+        except (KafkaError, OSError, TimeoutError, ValueError):  # ValueError: bad settings
             return
         if found is not None and self.fill_alarm.passed(found.records):
             self.console.print(f"[yellow]{broker_fill.warning(found)}[/]", highlight=False)

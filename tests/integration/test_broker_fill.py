@@ -54,7 +54,8 @@ async def _fill(bootstrap: str) -> None:
 
 
 def test_the_fullest_partition_is_read_from_the_broker(own_broker: str) -> None:
-    assert asyncio.run(read_fullest(own_broker)) == Fullest("a", 1, 30)
+    settings = CommonSettings(_env_file=None, kafka_bootstrap=own_broker)
+    assert asyncio.run(read_fullest(settings)) == Fullest("a", 1, 30)
 
 
 def _stack(tmp_path: Path, bootstrap: str, external: bool) -> tuple[Stack, io.StringIO]:
