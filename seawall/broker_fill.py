@@ -1,4 +1,4 @@
-"""How full the embedded broker's partitions are, and when ``seawall up`` says so.
+"""How full the embedded broker is, and when ``seawall up`` says so.
 
 The embedded broker (Tansu 0.6.0, memory storage) keeps every record until it stops,
 and each fetch that returns records lists every batch stored in its partition: a hop
@@ -8,8 +8,13 @@ token at 10 requests/s from 165 to 989 ms at p50 (README, "Embedded defaults"); 
 Kafka finds a fetch's offset in an index and deletes by retention.
 Nothing seawall does can empty a partition there (the broker answers neither deletion
 nor retention), so ``seawall up`` reads the partitions' end offsets once a
-``CHECK_INTERVAL_S`` and says what to do when the fullest passes ``WARN_RECORDS``, and
-again at each doubling.
+``CHECK_INTERVAL_S`` and says what to do when the records held pass ``WARN_RECORDS``,
+and again at each doubling.
+
+What the broker spends grows with every busy partition's size, and a stack's records
+spread over many (the replies, the completions, the priority and dispatch topics, the
+control topic that every service follows), so the alarm counts the records of all of
+them; the warning names the fullest too.
 """
 
 from __future__ import annotations
@@ -25,29 +30,31 @@ from services.common.settings import CommonSettings
 
 CHECK_INTERVAL_S = 60.0
 """How often ``seawall up`` reads the embedded broker's end offsets."""
-WARN_RECORDS = 5_000
-"""The fullest partition's records at the first warning. Measured on the embedded
-broker: at 200 records/s through one partition it used 0.10 of a core with the
+WARN_RECORDS = 50_000
+"""The records held at the first warning. Measured on the embedded broker: under
+``seawall load --rate 20`` it held about 75,000 after 8 minutes, when its CPU had grown
+from 0.5 to 0.84-0.94 cores; an idle stack adds about 7 records a second (its
+telemetry 4, the control topic's decisions 2.8), so it passes 50,000 after about two
+hours. One partition alone at 200 records/s: the broker used 0.10 of a core with the
 partition empty, 0.23 with 2,000 batches stored in it, 0.71 with 8,000 and 0.94 with
-20,000. Under ``seawall load --rate 20`` the fullest partition (``llm.ingress``) held
-6,647 records after about 8 minutes, when the broker's CPU had grown from 0.5 to
-0.84-0.94 cores."""
+20,000."""
 READ_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
-class Fullest:
-    """The partition holding the most records, and about how many: its end offset, as
-    the broker deletes nothing (Tansu's stops at the first offset of the partition's
-    last batch)."""
+class Fill:
+    """What the broker holds: records in all (about: each partition's end offset, as
+    the broker deletes nothing, and Tansu's stops at the first offset of a partition's
+    last batch), and the partition holding the most."""
 
+    records: int
     topic: str
     partition: int
-    records: int
+    partition_records: int
 
 
 class FillAlarm:
-    """Whether a reading of the fullest partition deserves a warning: the first time it
+    """Whether a reading of the records held deserves a warning: the first time it
     reaches ``first`` records, then each time it doubles the last warned threshold
     (pure)."""
 
@@ -65,21 +72,18 @@ class FillAlarm:
         return True
 
 
-def fullest(ends: dict[TopicPartition, int]) -> Fullest | None:
-    """The partition with the highest end offset (``None`` for none), ties to the
-    first in topic and partition order."""
-    best: Fullest | None = None
-    for tp in sorted(ends, key=lambda tp: (tp.topic, tp.partition)):
-        if best is None or ends[tp] > best.records:
-            best = Fullest(tp.topic, tp.partition, ends[tp])
-    return best
+def fill_of(ends: dict[TopicPartition, int]) -> Fill | None:
+    """The records of all partitions and the fullest (ties to the first in topic and
+    partition order); ``None`` for no partition."""
+    if not ends:
+        return None
+    fullest = min(ends, key=lambda tp: (-ends[tp], tp.topic, tp.partition))
+    return Fill(sum(ends.values()), fullest.topic, fullest.partition, ends[fullest])
 
 
-async def read_fullest(
-    settings: CommonSettings, timeout_s: float = READ_TIMEOUT_S
-) -> Fullest | None:
-    """The broker's fullest partition, from one metadata and one end-offsets request
-    (no consumer group); raises on a broker that does not answer within ``timeout_s``."""
+async def read_fill(settings: CommonSettings, timeout_s: float = READ_TIMEOUT_S) -> Fill | None:
+    """What the broker holds, from one metadata and one end-offsets request (no
+    consumer group); raises on a broker that does not answer within ``timeout_s``."""
     consumer = make_consumer(settings, group_id=None, request_timeout_ms=int(timeout_s * 1000))
     async with asyncio.timeout(timeout_s):
         await consumer.start()
@@ -88,14 +92,15 @@ async def read_fullest(
             ends: dict[TopicPartition, int] = await consumer.end_offsets(tps) if tps else {}
         finally:
             await consumer.stop()
-    return fullest(ends)
+    return fill_of(ends)
 
 
-def warning(found: Fullest) -> str:
-    """What ``seawall up`` prints when the fullest partition passes a threshold."""
+def warning(fill: Fill) -> str:
+    """What ``seawall up`` prints when the records held pass a threshold."""
     return (
-        f"the embedded broker holds about {found.records:,} records in {found.topic}"
-        f"[{found.partition}]. It keeps every record until it stops, and each fetch costs "
+        f"the embedded broker holds about {fill.records:,} records, {fill.partition_records:,} "
+        f"of them in {fill.topic}[{fill.partition}]. It keeps every record until it stops, "
+        "and each fetch costs "
         "more the more its partition holds, so the stack slows down as it runs. Restart "
         "`seawall up` to start afresh (API keys stay where Redis outlives the stack), or "
         "run long loads on Apache Kafka (SEAWALL_KAFKA_BOOTSTRAP, compose/)."

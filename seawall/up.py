@@ -343,7 +343,7 @@ class Stack:
 
     def check_fill(self) -> None:
         """On the embedded broker, at once and then once a ``broker_fill.CHECK_INTERVAL_S``:
-        say so when its fullest partition passed the alarm's next threshold. A broker
+        say so when the records it holds passed the alarm's next threshold. A broker
         that does not answer in time is asked again next time (one that died ends the
         stack in ``supervise``); settings the environment makes invalid skip the check
         (the services say what is wrong with them)."""
@@ -353,7 +353,7 @@ class Stack:
         self._next_fill_check = now + broker_fill.CHECK_INTERVAL_S
         try:
             settings = CommonSettings(_env_file=None, kafka_bootstrap=self.bootstrap)
-            found = asyncio.run(broker_fill.read_fullest(settings))
+            found = asyncio.run(broker_fill.read_fill(settings))
         except (KafkaError, OSError, TimeoutError, ValueError):  # ValueError: bad settings
             return
         if found is not None and self.fill_alarm.passed(found.records):

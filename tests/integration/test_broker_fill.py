@@ -1,5 +1,5 @@
 """``seawall up``'s fill check on a real embedded broker of its own (the session's
-broker holds other tests' topics, so its fullest partition is not this test's)."""
+broker holds other tests' topics, so what it holds is not this test's alone)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from seawall import embedded
-from seawall.broker_fill import FillAlarm, Fullest, read_fullest
+from seawall.broker_fill import Fill, FillAlarm, read_fill
 from seawall.up import Stack, UpOptions
 from seawall_client.kafka import ensure_topics
 from seawall_client.topics import TopicSpec
@@ -53,9 +53,9 @@ async def _fill(bootstrap: str) -> None:
         await producer.stop()
 
 
-def test_the_fullest_partition_is_read_from_the_broker(own_broker: str) -> None:
+def test_what_the_broker_holds_is_read_from_it(own_broker: str) -> None:
     settings = CommonSettings(_env_file=None, kafka_bootstrap=own_broker)
-    assert asyncio.run(read_fullest(settings)) == Fullest("a", 1, 30)
+    assert asyncio.run(read_fill(settings)) == Fill(35, "a", 1, 30)
 
 
 def _stack(tmp_path: Path, bootstrap: str, external: bool) -> tuple[Stack, io.StringIO]:
@@ -72,7 +72,7 @@ def test_up_says_what_the_embedded_broker_holds_past_the_threshold(
 ) -> None:
     stack, out = _stack(tmp_path, own_broker, external=False)
     stack.check_fill()
-    assert "holds about 30 records in a[1]" in out.getvalue()
+    assert "holds about 35 records, 30 of them in a[1]" in out.getvalue()
 
 
 def test_up_leaves_an_external_broker_alone(own_broker: str, tmp_path: Path) -> None:

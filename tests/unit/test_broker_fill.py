@@ -7,7 +7,7 @@ from aiokafka import TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seawall.broker_fill import FillAlarm, Fullest, fullest, warning
+from seawall.broker_fill import Fill, FillAlarm, fill_of, warning
 
 pytestmark = pytest.mark.unit
 
@@ -63,19 +63,20 @@ def test_it_warns_exactly_when_a_reading_reaches_a_doubling_no_earlier_one_reach
         highest = max(highest, level)
 
 
-def test_the_fullest_partition_is_the_one_with_the_highest_end_offset() -> None:
+def test_the_fill_counts_every_partition_and_names_the_fullest() -> None:
     ends = {
         TopicPartition("llm.telemetry", 0): 40,
         TopicPartition("llm.reply.t", 0): 900,
         TopicPartition("llm.ingress", 2): 900,
         TopicPartition("llm.ingress", 1): 12,
     }
-    assert fullest(ends) == Fullest("llm.ingress", 2, 900)  # ties: topic, then partition
-    assert fullest({}) is None
+    # ties: topic, then partition
+    assert fill_of(ends) == Fill(1_852, "llm.ingress", 2, 900)
+    assert fill_of({}) is None
 
 
-def test_the_warning_says_where_how_full_and_what_to_do() -> None:
-    text = warning(Fullest("llm.reply.acme", 0, 12_345))
-    assert "12,345 records in llm.reply.acme[0]" in text
+def test_the_warning_says_how_full_where_and_what_to_do() -> None:
+    text = warning(Fill(61_234, "llm.reply.acme", 0, 12_345))
+    assert "holds about 61,234 records, 12,345 of them in llm.reply.acme[0]" in text
     assert "Restart `seawall up`" in text
     assert "SEAWALL_KAFKA_BOOTSTRAP" in text
