@@ -24,8 +24,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A fresh embedded broker holding 30 records in ``a``[1] (one batch each: the
-    embedded broker's end offset counts batches) and 5 in ``b``[0]."""
+    """A fresh embedded broker holding 30 records in ``a``[1] and 5 in ``b``[0], one
+    batch each (its end offset is its last batch's first offset plus one)."""
     port = embedded.free_port()
     proc = embedded.broker_process(
         "127.0.0.1", port, tmp_path_factory.mktemp("fill") / "broker.log"
