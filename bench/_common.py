@@ -51,7 +51,7 @@ def steady_clock_hand() -> Iterator[None]:
 
     The benchmark process is the load generator and the stopwatch: it holds every
     request it sends and every timestamp it takes, hundreds of thousands of objects, and
-    a full collection over them stops it for 100-160 ms every few seconds (measured with
+    a full collection over them stops it for 90-160 ms every few seconds (measured with
     ``gc.callbacks`` in the admission benchmark's open loop). Sends then fall behind
     their schedule and receipts are stamped late, which the latency figures would blame
     on the system measured. What exists before the block is frozen out of later

@@ -73,7 +73,7 @@ What would skew the latencies, kept out:
   phase's relay wrote into the one-hop phase's topic: 65-96 ms at p50 there against
   21 ms on a fresh topic, in the same harness.)
 - This process is the load generator and the stopwatch, and it holds every request
-  and timestamp of the run: its full garbage collections stopped it for 100-160 ms
+  and timestamp of the run: its full garbage collections stopped it for 90-160 ms
   every few seconds of an open loop. None runs while a phase is timed
   (``_common.steady_clock_hand``); admission runs with the interpreter's defaults.
 

@@ -100,8 +100,8 @@ def warning(fill: Fill) -> str:
     return (
         f"the embedded broker holds about {fill.records:,} records, {fill.partition_records:,} "
         f"of them in {fill.topic}[{fill.partition}]. It keeps every record until it stops, "
-        "and each fetch costs "
-        "more the more its partition holds, so the stack slows down as it runs. Restart "
+        "and each fetch costs more the more its partition holds, so the stack slows down "
+        "as it runs. Restart "
         "`seawall up` to start afresh (API keys stay where Redis outlives the stack), or "
         "run long loads on Apache Kafka (SEAWALL_KAFKA_BOOTSTRAP, compose/)."
     )
