@@ -60,6 +60,14 @@ class ControllerSettings(CommonSettings):
     controller_latency_recover_ms: float = Field(default=800.0, gt=0, le=600_000)
     """... and recovers once P99 stayed below this for its hold (DESIGN: 800 ms). Set it
     above the pool's normal P99, or an open breaker never closes."""
+    controller_error_rate_trip: float = Field(default=0.30, gt=0, le=1)
+    """The breaker's error-rate row: trips when the window's error rate exceeds this
+    (DESIGN: 30 %) on at least 20 requests ..."""
+    controller_error_rate_recover: float = Field(default=0.05, ge=0, le=1)
+    """... and recovers once it stayed below this for its hold (DESIGN: 5 %). Early in a
+    window the rate is noisy: engines that fail a steady 20 % of requests pass 30 % on
+    their first 20 about one time in eleven, and somewhere between the 20th and the 60th
+    about one time in five; the worker is then isolated for the window and the hold."""
     controller_small_pool: str = Field(default="small", pattern=r"^[A-Za-z0-9._-]+$")
     """Degradation level 1: where a pool's non-VIP work is diverted."""
     controller_max_tokens_cap: int = Field(default=512, ge=1, le=32_768)
@@ -141,6 +149,8 @@ class ControllerSettings(CommonSettings):
             small_pool=self.controller_small_pool,
             max_tokens_cap=self.controller_max_tokens_cap,
             host_cpu_breaker=self.controller_host_cpu_breaker,
+            error_rate_trip=self.controller_error_rate_trip,
+            error_rate_recover=self.controller_error_rate_recover,
             latency_trip_ms=self.controller_latency_trip_ms,
             latency_recover_ms=self.controller_latency_recover_ms,
             ttft_slo_ms=self.controller_ttft_slo_ms,

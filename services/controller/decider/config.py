@@ -16,7 +16,7 @@ from services.controller.policy import (
     RequestWindow,
     Threshold,
 )
-from services.controller.policy.breaker import LATENCY_ROW
+from services.controller.policy.breaker import ERROR_RATE_ROW, LATENCY_ROW
 from services.controller.policy.shares import OUTPUT_MISMATCH_RATE
 
 REQUEST_BUCKETS = 30
@@ -93,6 +93,8 @@ def scaled_config(
     small_pool: str,
     max_tokens_cap: int,
     host_cpu_breaker: bool = True,
+    error_rate_trip: float = ERROR_RATE_ROW.trip_above,
+    error_rate_recover: float = ERROR_RATE_ROW.recover_below,
     latency_trip_ms: float = LATENCY_ROW.trip_above,
     latency_recover_ms: float = LATENCY_ROW.recover_below,
     ttft_slo_ms: float | None = None,
@@ -100,14 +102,18 @@ def scaled_config(
     output_mismatch_rate: float = OUTPUT_MISMATCH_RATE.trip_above,
 ) -> DeciderConfig:
     """The default policies with every window and hold multiplied by ``time_scale``, and
-    the latency row's thresholds as given (DESIGN's 2000/800 ms fit a fleet whose normal
-    P99 is well under 800 ms; one that runs near 1.2 s would never recover below 800)."""
+    the error-rate and latency rows' thresholds as given (DESIGN's 2000/800 ms fit a
+    fleet whose normal P99 is well under 800 ms; one that runs near 1.2 s would never
+    recover below 800)."""
     k = time_scale
     d = DegradationConfig()
     b = BreakerConfig(
+        error_rate=replace(
+            ERROR_RATE_ROW, trip_above=error_rate_trip, recover_below=error_rate_recover
+        ),
         latency_p99_ms=replace(
             LATENCY_ROW, trip_above=latency_trip_ms, recover_below=latency_recover_ms
-        )
+        ),
     )
     return DeciderConfig(
         breaker=replace(

@@ -29,8 +29,12 @@ async def test_controller_decisions_change_what_admission_dispatches(
     replies = topics.reply("closed-loop")
     await ensure_topics(settings.kafka_bootstrap, [topics.reply_spec("closed-loop")])
     admission = Admission(admission_settings(settings))
-    # 20 % errors: past the ladder's 15 % (level 2) but under the breaker's 30 %, so the
-    # worker stays in its pool and the pool stays degraded while traffic flows.
+    # 20 % errors: past the ladder's 15 % (level 2) but under the breaker's trip, so the
+    # worker stays in its pool and the pool stays degraded while traffic flows. The trip
+    # is raised from DESIGN's 30 % to 50 %: the first 20-odd completions of a 20 % worker
+    # passed 30 % in 6 of 21 runs on a busy machine (the failures end early, so they
+    # complete first), and an isolated worker serves again only after the breaker's
+    # window and hold: 85 s more at this time scale.
     worker = sim_worker(worker_settings(settings, sim_error_rate=0.2, sim_time_scale=0.2))
     spare = sim_worker(
         worker_settings(settings, instance_id="w2", pool="small", sim_time_scale=0.2)
@@ -39,7 +43,7 @@ async def test_controller_decisions_change_what_admission_dispatches(
     async with (
         control_log(settings, topics) as control,
         # Windows of 12 s (time scale 0.2): enough samples even on a loaded machine.
-        controller(settings, controller_time_scale=0.2),
+        controller(settings, controller_time_scale=0.2, controller_error_rate_trip=0.5),
         started(admission, worker, spare),
         TopicReader(settings, main, small) as reader,
     ):
@@ -95,9 +99,10 @@ async def test_controller_decisions_change_what_admission_dispatches(
                     d.request.request_id == rid for t in (main, small) for d in reader.dispatched(t)
                 )
 
-            # The main pool's worker may be isolated by its own breaker by now; it
-            # serves again after a half-open decision, whose probes are granted once
-            # per decision (not per re-publication): allow for a second round.
+            # Should the main pool's worker still be isolated by its own breaker (50 %
+            # of 20-odd requests at a true 20 %: rare), it serves again after a
+            # half-open decision, whose probes are granted once per decision (not per
+            # re-publication): allow for a second round.
             deadline = time.monotonic() + 120
             while not (seen("after-standard") and seen("after-vip")):
                 assert time.monotonic() < deadline, "the requests were not dispatched"

@@ -40,3 +40,21 @@ def test_the_latency_rows_thresholds_are_the_operators(monkeypatch: pytest.Monke
     assert row.min_samples == defaults.min_samples
     with pytest.raises(ValidationError, match="hysteresis"):
         ControllerSettings(controller_latency_trip_ms=500, controller_latency_recover_ms=800)
+
+
+def test_the_error_rate_rows_thresholds_are_the_operators(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    defaults = ControllerSettings().decider_config().breaker.error_rate
+    assert (defaults.trip_above, defaults.recover_below) == (0.30, 0.05)  # DESIGN's
+    monkeypatch.setenv("SEAWALL_CONTROLLER_ERROR_RATE_TRIP", "0.5")
+    monkeypatch.setenv("SEAWALL_CONTROLLER_ERROR_RATE_RECOVER", "0.1")
+    monkeypatch.setenv("SEAWALL_CONTROLLER_TIME_SCALE", "0.5")
+    row = ControllerSettings().decider_config().breaker.error_rate
+    assert (row.trip_above, row.recover_below) == (0.5, 0.1)
+    assert row.window_s == pytest.approx(defaults.window_s * 0.5)
+    assert row.min_samples == defaults.min_samples
+    # The ladder's error rung is its own (DESIGN: 15 %), whatever the breaker's row.
+    assert ControllerSettings().decider_config().degradation.error_rate.trip_above == 0.15
+    with pytest.raises(ValidationError, match="hysteresis"):
+        ControllerSettings(controller_error_rate_trip=0.1, controller_error_rate_recover=0.2)
