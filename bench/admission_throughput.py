@@ -71,7 +71,10 @@ What would skew the latencies, kept out:
   within every phase alike, and across phases where one reads what another wrote. Each
   latency phase reads topics no earlier phase wrote. (Until 2026-12-07 the two-hop
   phase's relay wrote into the one-hop phase's topic: 65-96 ms at p50 there against
-  21 ms on a fresh topic, in the same harness.)
+  21 ms on a fresh topic, in the same harness.) Within a phase its own topics fill: a
+  plain hop's p99 grew from 7 to 177 ms over one 15 s loop. So each loop's latencies
+  are also given per second (``latency_by_second_ms``, the plot's third panel), and
+  each second's p99 against the baselines' in the same second of theirs.
 - This process is the load generator and the stopwatch, and it holds every request
   and timestamp of the run: its full garbage collections stopped it for 90-160 ms
   every few seconds of an open loop. None runs while a phase is timed
@@ -523,6 +526,20 @@ class OpenLoop:
             self.received[k][1] - t0 * 1000 for k, t0 in self.acked.items() if k in self.received
         ]
 
+    def by_second(self) -> list[dict[str, float | int | None]]:
+        """The latencies of each whole second of the loop (by ``t0``, from the first), as
+        ``summary`` gives them: the embedded broker slows down as the loop fills its
+        topics, so a phase's percentiles mix its first seconds with its last."""
+        if not self.acked:
+            return []
+        first = min(self.acked.values())
+        seconds: dict[int, list[float]] = {}
+        for k, t0 in self.acked.items():
+            if k in self.received:
+                seconds.setdefault(int(t0 - first), []).append((self.received[k][0] - t0) * 1000)
+        whole = int(max(self.acked.values()) - first)  # the last, partial second left out
+        return [{"second": i, **summary(seconds.get(i, []))} for i in range(whole)]
+
 
 async def open_loop(
     settings: CommonSettings,
@@ -749,7 +766,7 @@ def plot(figures: Figures, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), width_ratios=(1, 2))
+    fig, (left, right, third) = plt.subplots(1, 3, figsize=(16, 4.5), width_ratios=(1, 2, 2))
     names = ["admission\n(decisions)", "bare relay\n(records)"]
     values = [figures.decisions_per_s, figures.relay_per_s]
     bars = left.bar(names, values, color=["tab:blue", "tab:grey"])
@@ -773,6 +790,18 @@ def plot(figures: Figures, path: Path) -> None:
     right.set_title(f"Latency at {figures.rate:.0f} requests/s (CDF)")
     right.grid(True, which="both", alpha=0.3)
     right.legend(fontsize=8, loc="upper left")
+    for label, run, style in (
+        ("through admission", figures.admission, "-"),
+        ("one plain hop", figures.hop, ":"),
+        ("two plain hops", figures.two_hops, "-."),
+    ):
+        seconds = [row for row in run.by_second() if row["p99"] is not None]
+        third.plot([r["second"] for r in seconds], [r["p99"] for r in seconds], style, label=label)
+    third.set_xlabel("second of the open loop")
+    third.set_ylabel("p99 ms")
+    third.set_title("p99 by second (the broker fills as a loop runs)")
+    third.grid(True, alpha=0.3)
+    third.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -874,6 +903,19 @@ def main() -> int:
     ):
         cells = "".join(f"{fmt(ratios[q], '.1f') + 'x':>10}" for q in ("p50", "p99", "max"))
         print(f"{name:<44}{'':>6}{cells}")
+    by_second = {
+        "through_admission": figures.admission.by_second(),
+        "plain_hop": figures.hop.by_second(),
+        "two_plain_hops": figures.two_hops.by_second(),
+    }
+    print("\np99 ms by second of each open loop (its topics fill as it runs):")
+    print(f"{'second':>6}{'admission':>11}{'one hop':>9}{'two hops':>10}{'/ one':>8}{'/ two':>8}")
+    for a, h, t in zip(*by_second.values(), strict=False):
+        print(
+            f"{a['second']:>6}{fmt(a['p99'], '.1f'):>11}{fmt(h['p99'], '.1f'):>9}"
+            f"{fmt(t['p99'], '.1f'):>10}{fmt(ratio(a['p99'], h['p99']), '.1f') + 'x':>8}"
+            f"{fmt(ratio(a['p99'], t['p99']), '.1f') + 'x':>8}"
+        )
     if any(lost.values()) or any(figures.unanswered.values()):
         print(f"not received: {lost}; replies and dead letters: {figures.unanswered}")
     late = {
@@ -897,6 +939,8 @@ def main() -> int:
             "latency_ms": "open loop at half the decisions/s: t0 = broker ack of the request, "
             "t1 = this process received its dispatch record (groupless consumer)",
             "inside_admission_ms": "t0 -> the dispatch record's CreateTime (admission's send)",
+            "latency_by_second_ms": "the same latencies per whole second of each open loop, "
+            "by t0 (the embedded broker slows down as a loop fills its topics)",
         },
         "admission": "python -m services.admission (its own process), default settings but "
         "every tier's quota at 1e9 requests and 1e12 tokens (capacity and per second) and "
@@ -953,6 +997,7 @@ def main() -> int:
             "cores_used": figures.cores,
             "throughput_window_s": figures.throughput_window_s,
             "latency_ms": latency,
+            "latency_by_second_ms": by_second,
             "not_received": lost,
             "late_sends": late,
             "replies_and_dead_letters": figures.unanswered,
@@ -961,6 +1006,14 @@ def main() -> int:
             "decisions_vs_relay": throughput_ratio,
             "latency_through_admission_vs_plain_hop": latency_ratios,
             "latency_through_admission_vs_two_plain_hops": two_hop_ratios,
+            "p99_by_second": [
+                {
+                    "second": a["second"],
+                    "vs_plain_hop": ratio(a["p99"], h["p99"]),
+                    "vs_two_plain_hops": ratio(a["p99"], t["p99"]),
+                }
+                for a, h, t in zip(*by_second.values(), strict=False)
+            ],
         },
     }
     (out / "admission_throughput.json").write_text(json.dumps(doc, indent=2) + "\n")
