@@ -210,6 +210,13 @@ def ratio(value: float | int | None, base: float | int | None) -> float | None:
     return value / base if value is not None and base else None
 
 
+def midpoint(before: float | None, after: float | None) -> float | None:
+    """A baseline measured on either side of a phase, at the phase's midpoint: the mean of
+    the two, were the drift between them linear in time (the embedded broker slows down
+    as its topics fill, and a loaded phase fills them most)."""
+    return None if before is None or after is None else (before + after) / 2
+
+
 def fmt(value: float | int | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 

@@ -4,11 +4,14 @@ down for other tenants? (issue 13)
 One ingress (in this process; HTTP off) on the embedded broker and the local Redis, a
 tenant's key and a victim key. Good records, signed by the tenant's key, go to
 ``llm.ingress`` open-loop at ``--rate`` for ``--duration`` seconds; each one's latency
-is the time from its produce to its appearance on its priority topic. Twice, on the
-same ingress: the baseline, and the attack run, in which 1,000 records claiming the
+is the time from its produce to its appearance on its priority topic. Three times, on
+the same ingress: the baseline, the attack run, in which 1,000 records claiming the
 victim's key id with a wrong signature are produced in one burst a second after the
-start. The figures are the good records' latency percentiles in both runs, as a ratio
-(the bound stated: p99 at most 1.5× the baseline's), and what became of the bad ones.
+start, and the baseline again. The figures are the good records' latency percentiles
+in each run, the attack run's as a ratio to the mean of the two baselines' (the bound
+stated: p99 at most 1.5×; the embedded broker slows down as its topics fill, so a
+baseline before the attack alone would count that drift as the attack's cost; until
+2026-12-07 it was the only one, ``p99_ratio_before``), and what became of the bad ones.
 
 Writes ``results/edge.json`` and ``results/edge.png``; ``--quick``: a shorter run, into a
 temporary directory.
@@ -26,7 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _common import embedded_broker, machine, output_dir, ratio, summary
+from _common import embedded_broker, machine, midpoint, output_dir, ratio, summary
 from aiokafka import AIOKafkaProducer
 
 from schemas import InferenceRequest, Priority, SamplingParams, Tier
@@ -169,8 +172,12 @@ async def main() -> None:
             attack = await run_once(
                 settings, key.key, victim.record.key_id, args.rate, args.duration, True
             )
+            after = await run_once(
+                settings, key.key, victim.record.key_id, args.rate, args.duration, False
+            )
             dead = await count_letters(settings)
-    b, a = baseline["latency_s"], attack["latency_s"]
+    a = attack["latency_s"]
+    b = {q: midpoint(baseline["latency_s"][q], after["latency_s"][q]) for q in ("p50", "p99")}
     doc = {
         "benchmark": "edge",
         "date": time.strftime("%Y-%m-%d"),
@@ -180,15 +187,19 @@ async def main() -> None:
         "bad_signatures": BAD,
         "baseline": baseline,
         "under_attack": attack,
+        "baseline_after": after,
+        "baseline_latency_s": b,
         "p50_ratio": ratio(a["p50"], b["p50"]),
         "p99_ratio": ratio(a["p99"], b["p99"]),
+        "p99_ratio_before": ratio(a["p99"], baseline["latency_s"]["p99"]),
         "bound_p99_ratio": 1.5,
         "bad_records_dead_lettered": dead,
     }
     (out / "edge.json").write_text(json.dumps(doc, indent=2) + "\n")
     plot(doc, out / "edge.png")
     print(
-        f"good records at {args.rate:.0f}/s: p50 {b['p50']:.3f} s, p99 {b['p99']:.3f} s alone; "
+        f"good records at {args.rate:.0f}/s: p50 {b['p50']:.3f} s, p99 {b['p99']:.3f} s alone "
+        "(the mean of before and after); "
         f"p50 {a['p50']:.3f} s, p99 {a['p99']:.3f} s with {BAD} bad signatures "
         f"({doc['p99_ratio']:.2f}x at p99, bound 1.5x); {dead} bad records dead-lettered"
     )
@@ -218,10 +229,15 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = ["p50", "p99", "max"]
-    for i, (name, run) in enumerate((("alone", "baseline"), ("1,000 bad", "under_attack"))):
+    runs = (
+        ("alone, before", "baseline"),
+        ("1,000 bad", "under_attack"),
+        ("alone, after", "baseline_after"),
+    )
+    for i, (name, run) in enumerate(runs):
         values = [doc[run]["latency_s"][k] * 1000 for k in labels]
-        ax.bar([x + i * 0.4 for x in range(3)], values, width=0.4, label=name)
-    ax.set_xticks([x + 0.2 for x in range(3)], labels)
+        ax.bar([x + (i - 1) * 0.27 for x in range(3)], values, width=0.27, label=name)
+    ax.set_xticks(range(3), labels)
     ax.set_ylabel("ms, produce → priority topic")
     ax.set_title(f"good records at {doc['rate_per_s']:.0f}/s through the Kafka ingress")
     ax.legend()

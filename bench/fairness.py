@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _common import machine, output_dir, ratio, summary
+from _common import machine, midpoint, output_dir, ratio, summary
 
 # `seawall up` and the call helpers come from the test support package.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -134,12 +134,6 @@ async def phase(
     }
 
 
-def two_sided(before: dict[str, Any], after: dict[str, Any], q: str) -> float | None:
-    """A VIP latency percentile alone: the mean of the phases before and after the load."""
-    a, b = before["vip_latency_ms"][q], after["vip_latency_ms"][q]
-    return None if a is None or b is None else (a + b) / 2
-
-
 def cpu_seconds(stack: Stack) -> dict[str, float]:
     """CPU seconds so far, per process: the stack's (by service instance, the broker and
     ``seawall up`` itself) and this one's (the load generator and its SDK clients)."""
@@ -194,7 +188,9 @@ async def main() -> None:
             after = await phase(stack, vip, args, loaded=False, tag="after")
         finally:
             await vip.stop()
-    alone = {q: two_sided(before, after, q) for q in ("p50", "p99")}
+    alone = {
+        q: midpoint(before["vip_latency_ms"][q], after["vip_latency_ms"][q]) for q in ("p50", "p99")
+    }
     p99_alone = alone["p99"]
     p99_loaded = loaded["vip_latency_ms"]["p99"]
     doc = {
