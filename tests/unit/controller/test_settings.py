@@ -28,33 +28,32 @@ def test_decisions_must_not_expire_between_republications() -> None:
         ControllerSettings(controller_republish_s=60.0, controller_valid_for_s=30.0)
 
 
-def test_the_latency_rows_thresholds_are_the_operators(monkeypatch: pytest.MonkeyPatch) -> None:
-    defaults = ControllerSettings().decider_config().breaker.latency_p99_ms
-    assert (defaults.trip_above, defaults.recover_below) == (2000.0, 800.0)  # DESIGN's
-    monkeypatch.setenv("SEAWALL_CONTROLLER_LATENCY_TRIP_MS", "3000")
-    monkeypatch.setenv("SEAWALL_CONTROLLER_LATENCY_RECOVER_MS", "1500")
-    monkeypatch.setenv("SEAWALL_CONTROLLER_TIME_SCALE", "0.5")
-    row = ControllerSettings().decider_config().breaker.latency_p99_ms
-    assert (row.trip_above, row.recover_below) == (3000.0, 1500.0)
-    assert row.recover_hold_s == pytest.approx(defaults.recover_hold_s * 0.5)
-    assert row.min_samples == defaults.min_samples
-    with pytest.raises(ValidationError, match="hysteresis"):
-        ControllerSettings(controller_latency_trip_ms=500, controller_latency_recover_ms=800)
-
-
-def test_the_error_rate_rows_thresholds_are_the_operators(
+@pytest.mark.parametrize(
+    ("row", "setting", "design", "changed"),
+    [
+        ("latency_p99_ms", "latency_{}_ms", (2000.0, 800.0), (3000.0, 1500.0)),
+        ("error_rate", "error_rate_{}", (0.30, 0.05), (0.5, 0.1)),
+    ],
+)
+def test_a_breaker_rows_thresholds_are_the_operators(
     monkeypatch: pytest.MonkeyPatch,
+    row: str,
+    setting: str,
+    design: tuple[float, float],
+    changed: tuple[float, float],
 ) -> None:
-    defaults = ControllerSettings().decider_config().breaker.error_rate
-    assert (defaults.trip_above, defaults.recover_below) == (0.30, 0.05)  # DESIGN's
-    monkeypatch.setenv("SEAWALL_CONTROLLER_ERROR_RATE_TRIP", "0.5")
-    monkeypatch.setenv("SEAWALL_CONTROLLER_ERROR_RATE_RECOVER", "0.1")
+    trip, recover = (f"controller_{setting.format(end)}" for end in ("trip", "recover"))
+    defaults = getattr(ControllerSettings().decider_config().breaker, row)
+    assert (defaults.trip_above, defaults.recover_below) == design  # DESIGN's
+    monkeypatch.setenv(f"SEAWALL_{trip.upper()}", str(changed[0]))
+    monkeypatch.setenv(f"SEAWALL_{recover.upper()}", str(changed[1]))
     monkeypatch.setenv("SEAWALL_CONTROLLER_TIME_SCALE", "0.5")
-    row = ControllerSettings().decider_config().breaker.error_rate
-    assert (row.trip_above, row.recover_below) == (0.5, 0.1)
-    assert row.window_s == pytest.approx(defaults.window_s * 0.5)
-    assert row.min_samples == defaults.min_samples
-    # The ladder's error rung is its own (DESIGN: 15 %), whatever the breaker's row.
-    assert ControllerSettings().decider_config().degradation.error_rate.trip_above == 0.15
+    config = ControllerSettings().decider_config()
+    got = getattr(config.breaker, row)
+    assert (got.trip_above, got.recover_below) == changed
+    assert got.recover_hold_s == pytest.approx(defaults.recover_hold_s * 0.5)
+    assert got.min_samples == defaults.min_samples
+    # The ladder's error rung is its own (DESIGN: 15 %), whatever the breaker's rows.
+    assert config.degradation.error_rate.trip_above == 0.15
     with pytest.raises(ValidationError, match="hysteresis"):
-        ControllerSettings(controller_error_rate_trip=0.1, controller_error_rate_recover=0.2)
+        ControllerSettings(**{trip: changed[1], recover: changed[0]})
