@@ -29,7 +29,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
@@ -154,31 +154,42 @@ class Intake:
     async def loop(self) -> None:
         """Read, screen and send each batch's charges, and judge the batches whose charges
         have come back, in the order read: up to ``CHARGES_IN_FLIGHT`` batches' charges
-        travel at once, so that reading goes on while Redis answers."""
+        travel at once, and the next read waits beside them, so that a batch is judged as
+        soon as its charges are back and the next is read as soon as it is fetched."""
         consumer = self._consumer
         charging: deque[_Charging] = deque()
+        reading: asyncio.Task[list[Item]] | None = None
         try:
             while True:
-                read = await self._read(consumer, wait=not charging)
-                while charging and (
-                    charging[0].charged.done() or len(charging) >= CHARGES_IN_FLIGHT or not read
-                ):
+                if reading is None and len(charging) < CHARGES_IN_FLIGHT:
+                    reading = asyncio.create_task(self._read(consumer))
+                waits: set[asyncio.Future[Any]] = set()
+                if reading is not None:
+                    waits.add(reading)
+                if charging:
+                    waits.add(charging[0].charged)
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                while charging and charging[0].charged.done():
                     await self._judge(charging.popleft())
-                if read:
-                    started = self._screen(read)
+                if reading is not None and reading.done():
+                    read, reading = reading.result(), None
+                    started = self._screen(read) if read else None
                     if started is not None:
                         charging.append(started)
         finally:
-            await cancel_tasks({c.charged for c in charging})
+            tasks: set[asyncio.Task[Any]] = {c.charged for c in charging}
+            if reading is not None:
+                tasks.add(reading)
+            await cancel_tasks(tasks)
 
-    async def _read(self, consumer: AIOKafkaConsumer, wait: bool) -> list[Item]:
-        """The next batch, decoded, less what is answered at once; ``wait``: up to 100 ms
-        for one (else only what is already fetched)."""
+    async def _read(self, consumer: AIOKafkaConsumer) -> list[Item]:
+        """The next batch (waiting up to 100 ms for one), decoded, less what is answered at
+        once."""
         self.apply_pauses()
         batches = await retry_unavailable(
             functools.partial(
                 consumer.getmany,
-                timeout_ms=100 if wait else 0,
+                timeout_ms=100,
                 max_records=self._settings.intake_batch,
             ),
             self._backoff,
