@@ -1,11 +1,17 @@
 """Coalescing token deltas into reply chunks (pure).
 
 An engine yields a delta per token (or a few); one Kafka record per token would cost
-the broker and the client far more than the tokens are worth. A chunk is flushed once
-it holds ``max_tokens`` tokens or its first delta is ``max_interval_s`` old, so a reply
-costs a handful of records and a streaming client still sees text within the interval.
-The age is checked when a delta arrives: an engine that stalls holds its partial chunk
-until the next delta or the end of the request, which is when there is news anyway.
+the broker and the client far more than the tokens are worth. The first delta that
+carries text is a chunk of its own, sent at once: a streaming client's time to first
+token is the engine's, not the engine's plus a coalescing wait. After it, a chunk is
+flushed once it holds ``max_tokens`` tokens or its first delta is ``max_interval_s``
+old, so a reply costs a handful of records and the text after the first token still
+arrives within the interval. The age is checked when a delta arrives: an engine that
+stalls holds its partial chunk until the next delta or the end of the request, which
+is when there is news anyway.
+
+What the bounds cost is measured in ``bench/overhead.py`` (records a request and the
+client's inter-token gaps); the worker's defaults are in ``WorkerSettings``.
 """
 
 from __future__ import annotations
@@ -32,14 +38,18 @@ class Coalescer:
         self._seq = 0
 
     def add(self, text: str, tokens: int, now: float) -> Chunk | None:
-        """Take a delta; return a chunk when a bound is reached."""
+        """Take a delta; return a chunk when it is the first text or a bound is reached."""
         if not text and not tokens:
             return None
         if self._since is None:
             self._since = now
         self._parts.append(text)
         self._tokens += tokens
-        if self._tokens >= self._max_tokens or now - self._since >= self._max_interval_s:
+        if (
+            (self._seq == 0 and text)
+            or self._tokens >= self._max_tokens
+            or now - self._since >= self._max_interval_s
+        ):
             return self.flush()
         return None
 
