@@ -316,6 +316,41 @@ def status(
     raise typer.Exit(run_status(CommonSettings(), window, as_json, timeout, Console()))
 
 
+@app.command()
+def trace(
+    request_id: Annotated[str, typer.Argument(help="A request id (X-Request-Id) or a trace id.")],
+    trace_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="SEAWALL_TRACE_DIR",
+            help="Where the services write their spans (seawall up: .seawall/traces).",
+        ),
+    ] = None,
+) -> None:
+    """Print one request's waterfall: every stage it went through, from ingress to the
+    worker and back, read from the spans the services wrote (no tracing backend)."""
+    from seawall.traces import traces_of, waterfall
+    from services.common.settings import CommonSettings
+
+    configured = CommonSettings().trace_dir  # the environment, then .seawall/stack.env
+    directory = trace_dir or (Path(configured) if configured else None)
+    if directory is None or not directory.is_dir():
+        typer.echo(
+            "no trace directory: start the stack with seawall up (it writes .seawall/traces) "
+            "or set SEAWALL_TRACE_DIR / --trace-dir",
+            err=True,
+        )
+        raise typer.Exit(2)
+    found = traces_of(directory, request_id)
+    if not found:
+        typer.echo(f"no spans of {request_id!r} in {directory}", err=True)
+        raise typer.Exit(1)
+    for trace_id, spans in found.items():
+        typer.echo(f"trace {trace_id}")
+        for line in waterfall(spans):
+            typer.echo(line)
+
+
 @app.command("export-schemas")
 def export_schemas(
     check: Annotated[

@@ -310,6 +310,10 @@ class Stack:
             )
         if self._pepper_file is not None:
             env["SEAWALL_KEY_PEPPER_FILE"] = str(self._pepper_file)
+        # Every request's stages, for `seawall trace` and `seawall load` (blank: none).
+        env["SEAWALL_TRACE_DIR"] = os.environ.get(
+            "SEAWALL_TRACE_DIR", str((o.state_dir / "traces").resolve())
+        )
         env.update(o.env)
         return env
 

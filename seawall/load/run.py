@@ -27,8 +27,11 @@ from schemas import TIER_PRIORITY, InferenceReply, ReasonCode, Tier
 from seawall.keys import open_keystore
 from seawall.load import display, profiles, stats
 from seawall.load.profiles import PlannedRequest, Tenant
+from seawall.traces import stage_quantiles, stage_table, traces_in
 from seawall_client import ClientStats, ReplyRouterClosed, RetryPolicy, SeawallClient
 from seawall_client.retry import attempt_of
+from seawall_client.tracecontext import new_trace
+from services.common.tracing import FLUSH_INTERVAL_S
 from services.ingress.keystore import KeyStore
 from services.ingress.policy.keys import IssuedKey
 from services.ingress.settings import IngressSettings
@@ -104,6 +107,8 @@ class _Run:
         self.sent_at: list[float] = []
         self.finished: list[stats.Outcome] = []
         self.open: dict[int, tuple[PlannedRequest, float]] = {}
+        self.trace_ids: set[str] = set()
+        """Every request starts a trace of its own (the stage breakdown reads them)."""
 
     def now(self) -> float:
         return self.loop.time() - self.start
@@ -131,12 +136,15 @@ class _Run:
     async def _one(self, request: PlannedRequest, sent_at: float) -> None:
         request_id = f"load-{self.run_id}-{request.index}"
         first: float | None = None
+        trace = new_trace()
+        self.trace_ids.add(trace.trace_id)
         try:
             async for item in self.clients[request.tenant].stream(
                 profiles.prompt_text(request),
                 max_tokens=self.config.max_tokens,
                 temperature=self.config.temperature,
                 request_id=request_id,
+                traceparent=trace,
             ):
                 if not isinstance(item, InferenceReply):
                     first = self.now() if first is None else first
@@ -224,6 +232,13 @@ async def run(config: LoadConfig, settings: IngressSettings, console: Console) -
         client_stats = _sum_stats(clients)
     summary = stats.summarize(load.finished, duplicates=client_stats["duplicates"])
     console.print(display.summary_view(summary))
+    stages = await stage_breakdown(settings.trace_dir, load.trace_ids)
+    if stages:
+        console.print("where the time went (per stage, from the services' traces):")
+        for line in stage_table(stages):
+            console.print(escape(line))
+    elif settings.trace_dir is None:
+        console.print("no stage breakdown: the stack writes no traces (SEAWALL_TRACE_DIR)")
     doc_config = config.as_json() | {
         "expected_arrivals": profiles.expected_arrivals(segs),
         "tenant_keys": [
@@ -231,7 +246,26 @@ async def run(config: LoadConfig, settings: IngressSettings, console: Console) -
             for t, k in zip(tenants, keys, strict=True)
         ],
     }
-    return stats.document(summary, doc_config, client_stats)
+    return stats.document(summary, doc_config, client_stats) | {"stages_ms": stages}
+
+
+async def stage_breakdown(
+    trace_dir: str | None, trace_ids: set[str]
+) -> dict[str, dict[str, float]]:
+    """Per stage, p50/p99 over the run's requests, from the spans the services wrote in
+    ``trace_dir`` (empty when they write none there). The services flush their spans
+    about once a second: this waits that long first."""
+    if trace_dir is None or not trace_ids:
+        return {}
+    await asyncio.sleep(FLUSH_INTERVAL_S + 0.5)
+
+    def read() -> dict[str, dict[str, float]]:
+        directory = Path(trace_dir)
+        if not directory.is_dir():
+            return {}
+        return stage_quantiles(traces_in(directory, trace_ids).values())
+
+    return await asyncio.to_thread(read)
 
 
 def main(config: LoadConfig, settings: IngressSettings, out: Path | None, console: Console) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 
 from schemas import InferenceRequest, Priority
+from seawall_client.tracecontext import TraceContext
 from services.admission.policy.dispatching import SCAVENGER, Lane, Queued
 from services.admission.policy.outcomes import Accepted
 
@@ -38,6 +39,11 @@ class Waiting(Queued):
     since: float
     replayed: bool = False
     """Charged by an earlier delivery: nothing is reserved or refunded again."""
+    trace: TraceContext | None = None
+    """The span its record named as its cause (``traceparent``), under which admission
+    records its stages, if traced."""
+    accepted_ns: int = 0
+    """When it was accepted (Unix nanoseconds; set where it is traced)."""
 
 
 class Backlog:

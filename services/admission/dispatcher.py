@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from schemas import InferenceRequest, Priority, ReasonCode
+from seawall_client import tracecontext
 from seawall_client.clock import Clock
 from seawall_client.serde import encode_with
 from seawall_client.topics import RedisKeys, Topics
@@ -36,12 +37,14 @@ from services.admission.policy.outcomes import Admit, Reply
 from services.admission.policy.round_budget import Placement
 from services.admission.policy.scheduler import PriorityScheduler
 from services.admission.policy.sizing import engine_cost
+from services.admission.tracing import TRACER
 from services.common.bus import Outgoing, send_batched
 from services.common.control_state import ControlState
 from services.common.failures import Backoff, is_infrastructure
 from services.common.lifecycle import cancel_tasks, wait_set
 from services.common.offsets import OffsetTracker
 from services.common.redisclient import exists_each
+from services.common.tracing import Span, now_ns
 
 log = logging.getLogger(__name__)
 
@@ -197,8 +200,9 @@ class Dispatcher:
         cancelled = await self._cancelled([w.request for w in picked])
         now, mono = self._clock.time(), self._clock.monotonic()
         lens = self._capacity.model_lens(mono)
-        chosen: list[tuple[Waiting, Admit, Placement | None]] = []
+        chosen: list[tuple[Waiting, Admit, Placement | None, Span | None]] = []
         outgoing: list[Outgoing] = []
+        released_ns = now_ns()
         for w, gone, placement in zip(picked, cancelled, placed, strict=True):
             try:
                 verdict = self._policy.release(
@@ -221,13 +225,23 @@ class Dispatcher:
                 self._answers.fail_waiting(w, e)
                 continue
             partition = placement.partition if placement is not None else None
+            span = None
+            if w.trace is not None:
+                TRACER.record("admission.schedule", w.trace, w.accepted_ns, released_ns)
+                span = TRACER.start("admission.dispatch", w.trace, released_ns, pool=d.pool)
             outgoing.append(
-                Outgoing(self._topics.dispatch(d.pool), value, w.key.encode(), partition)
+                Outgoing(
+                    self._topics.dispatch(d.pool),
+                    value,
+                    w.key.encode(),
+                    partition,
+                    tracecontext.header(span.context) if span is not None else None,
+                )
             )
-            chosen.append((w, verdict, placement))
+            chosen.append((w, verdict, placement, span))
         acks = await send_batched(self._producer, outgoing)
-        sends: list[tuple[Waiting, Admit, asyncio.Future[Any]]] = []
-        for (w, verdict, placement), ack in zip(chosen, acks, strict=True):
+        sends: list[tuple[Waiting, Admit, asyncio.Future[Any], Span | None]] = []
+        for (w, verdict, placement, span), ack in zip(chosen, acks, strict=True):
             if not (ack.done() and ack.exception() is not None):  # the producer took it
                 self._capacity.dispatched(
                     verdict.dispatch.pool,
@@ -236,10 +250,12 @@ class Dispatcher:
                     engine_cost(w.cost, verdict.dispatch.degradation),
                     placement.worker_id if placement is not None else None,
                 )
-            sends.append((w, verdict, ack))
+            sends.append((w, verdict, ack, span))
         return self._settle(sends) if sends else None
 
-    async def _settle(self, sends: list[tuple[Waiting, Admit, asyncio.Future[Any]]]) -> bool:
+    async def _settle(
+        self, sends: list[tuple[Waiting, Admit, asyncio.Future[Any], Span | None]]
+    ) -> bool:
         """Once the broker answered: a dispatch it took is done (its offset may be
         committed); one it did not take goes back to its backlog (``False``); one it
         refused for itself is answered."""
@@ -247,7 +263,7 @@ class Dispatcher:
         # Awaited one by one, not gathered: a batch's records share its future, and a
         # gather would schedule a callback per record.
         admitted: list[tuple[str, str, Priority, InferenceRequest, str, Priority]] = []
-        for w, admit, future in sends:
+        for w, admit, future, span in sends:
             try:
                 await future
             except Exception as e:
@@ -256,6 +272,8 @@ class Dispatcher:
                 else:
                     self._answers.fail_waiting(w, e)
                 continue
+            if span is not None:
+                span.end()
             self._offsets.done(w.tp, w.offset)
             outcome = "admitted" if admit.reason is ReasonCode.NONE else "degraded"
             reason = admit.reason.value

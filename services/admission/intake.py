@@ -34,9 +34,11 @@ from typing import Any, TypeAlias
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from schemas import InferenceRequest, Priority
+from seawall_client import tracecontext
 from seawall_client.clock import Clock
 from seawall_client.serde import REQUEST, DecodeError, decode
 from seawall_client.topics import RedisKeys, Topics
+from seawall_client.tracecontext import TraceContext
 from services.admission import metrics as m
 from services.admission.answers import Answers
 from services.admission.backlog import Backlog, Waiting
@@ -49,6 +51,7 @@ from services.admission.policy.dispatching import forecasts
 from services.admission.policy.outcomes import Reply, Screened
 from services.admission.quota import QuotaUnavailable, RedisQuota, on_redis_down
 from services.admission.settings import AdmissionSettings
+from services.admission.tracing import TRACER
 from services.common.bus import commit_done
 from services.common.consuming import Record, observe_lag, retry_unavailable
 from services.common.control_state import ControlState
@@ -56,13 +59,16 @@ from services.common.delivery import Replies
 from services.common.failures import Backoff
 from services.common.lifecycle import cancel_tasks
 from services.common.offsets import OffsetTracker
+from services.common.tracing import now_ns
 
 log = logging.getLogger(__name__)
 
-Item: TypeAlias = tuple[TopicPartition, int, InferenceRequest, bytes, Priority]
+Item: TypeAlias = tuple[TopicPartition, int, InferenceRequest, bytes, Priority, TraceContext | None]
 """A request read: its partition, offset, request (decoded, and as its record carried
-it) and class."""
-ScreenedItem: TypeAlias = tuple[TopicPartition, int, InferenceRequest, bytes, Priority, Screened]
+it), class and trace (the span its record names, where traced)."""
+ScreenedItem: TypeAlias = tuple[
+    TopicPartition, int, InferenceRequest, bytes, Priority, TraceContext | None, Screened
+]
 """A request read and screened, with what it is to be charged."""
 
 CHARGES_IN_FLIGHT = 2
@@ -79,6 +85,8 @@ class _Charging:
 
     screened: list[ScreenedItem]
     charged: asyncio.Task[list[Charged] | None]
+    sent_ns: int
+    """When the charges were sent (for the traced requests' ``admission.charge``)."""
 
 
 MARKER_MARGIN_S = 60.0
@@ -197,6 +205,9 @@ class Intake:
         )
         observe_lag("admission", consumer, batches)
         decoded: list[tuple[TopicPartition, Record, InferenceRequest, Priority]] = []
+        read_ns = now_ns()
+        traces: dict[int, TraceContext] = {}
+        """Per traced record (by ``id``), the span its stages are recorded under."""
         for tp, records in batches.items():
             cls = self._class_of[tp.topic]
             for record in records:
@@ -205,6 +216,17 @@ class Intake:
                     decoded.append((tp, record, decode(REQUEST, record.value), cls))
                 except DecodeError as e:
                     self._answers.refuse(tp, record, None, cls, e)
+                    continue
+                parent = tracecontext.from_headers(record.headers) if record.headers else None
+                if parent is not None and parent.sampled and TRACER.enabled:
+                    TRACER.record(
+                        "admission.read",
+                        parent,
+                        record.timestamp * 1_000_000,
+                        read_ns,
+                        request_id=decoded[-1][2].request_id,
+                    )
+                    traces[id(record)] = parent
         # One look at the broker's topics for the whole batch: nobody could receive an
         # answer on a reply topic that does not exist (no quota, no GPU for it).
         unusable = await retry_unavailable(
@@ -216,7 +238,9 @@ class Intake:
         for tp, record, request, cls in decoded:
             error = unusable[request.reply_to]
             if error is None:
-                items.append((tp, record.offset, request, record.value, cls))
+                items.append(
+                    (tp, record.offset, request, record.value, cls, traces.get(id(record)))
+                )
             else:
                 self._answers.refuse(tp, record, request, cls, error)
         return items
@@ -238,7 +262,7 @@ class Intake:
             else NO_FORECASTS
         )
         screened: list[ScreenedItem] = []
-        for tp, offset, request, value, cls in items:
+        for tp, offset, request, value, cls, trace in items:
             try:
                 verdict = self._policy.screen(request, cls, self._control, now, lens, ahead)
             except Exception as e:  # a record-level failure: it is answered, nothing stops
@@ -247,11 +271,11 @@ class Intake:
             if isinstance(verdict, Reply):
                 self._answers.reply(tp, offset, request, cls, verdict)
             else:
-                screened.append((tp, offset, request, value, cls, verdict))
+                screened.append((tp, offset, request, value, cls, trace, verdict))
         if not screened:
             return None
-        charges = [self._charge_of(r, s, now) for _, _, r, _, _, s in screened]
-        return _Charging(screened, asyncio.create_task(self._charge(charges)))
+        charges = [self._charge_of(r, s, now) for _, _, r, _, _, _, s in screened]
+        return _Charging(screened, asyncio.create_task(self._charge(charges)), now_ns())
 
     async def _judge(self, charging: _Charging) -> None:
         """Judge a batch on its charges' outcomes: a refusal answered, the rest waits in
@@ -259,8 +283,11 @@ class Intake:
         screened = charging.screened
         charged = await charging.charged
         now = self._clock.time()
+        judged_ns = now_ns()
         accepted: list[Waiting] = []
-        for i, (tp, offset, request, value, cls, s) in enumerate(screened):
+        for i, (tp, offset, request, value, cls, trace, s) in enumerate(screened):
+            if trace is not None:
+                TRACER.record("admission.charge", trace, charging.sent_ns, judged_ns)
             if charged is None:  # Redis down: the tier's policy; no region check
                 c = Charged(
                     on_redis_down(s.tenant.config.tier, self._settings.quota_retry_after_s), None
@@ -278,7 +305,16 @@ class Intake:
             else:
                 accepted.append(
                     Waiting(
-                        tp, offset, request, value, cls, judged, self._clock.monotonic(), c.replayed
+                        tp,
+                        offset,
+                        request,
+                        value,
+                        cls,
+                        judged,
+                        self._clock.monotonic(),
+                        c.replayed,
+                        trace,
+                        judged_ns,
                     )
                 )
         self._backlog.add(accepted)

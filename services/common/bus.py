@@ -60,9 +60,12 @@ class Outgoing:
     value: bytes
     key: bytes
     partition: int | None = None
+    headers: list[tuple[str, bytes]] | None = None
+    """Record headers (a ``traceparent``, say); aiokafka takes them as a list only."""
 
 
 _BY_KEY = DefaultPartitioner()
+_NO_HEADERS: list[tuple[str, bytes]] = []  # aiokafka's own default, never mutated
 
 
 async def send_batched(
@@ -115,10 +118,14 @@ async def send_batched(
         current = open_batches.get(tp)
         if current is None:
             current = open_batches[tp] = (producer.create_batch(), [])
-        if current[0].append(key=record.key, value=record.value, timestamp=None) is None:
+        headers = record.headers or _NO_HEADERS
+        appended = current[0].append(
+            key=record.key, value=record.value, timestamp=None, headers=headers
+        )
+        if appended is None:
             await submit(record.topic, partition, *current)
             current = open_batches[tp] = (producer.create_batch(), [])
-            current[0].append(key=record.key, value=record.value, timestamp=None)
+            current[0].append(key=record.key, value=record.value, timestamp=None, headers=headers)
         current[1].append(index)
     for (topic, partition), (batch, members) in open_batches.items():
         await submit(topic, partition, batch, members)

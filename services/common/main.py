@@ -10,6 +10,7 @@ from services.common.lifecycle import Component, run_until_signalled
 from services.common.logs import configure
 from services.common.metrics import serve_metrics
 from services.common.settings import CommonSettings
+from services.common.tracing import configure as configure_tracing
 
 GC_YOUNG_THRESHOLD = 20_000
 """Container allocations between two collections of the youngest generation (CPython's
@@ -23,6 +24,12 @@ def run_service(name: str, settings: CommonSettings, build: Callable[[], Compone
     """Configure logging, serve metrics on ``SEAWALL_METRICS_PORT`` if set, and run the
     component ``build`` makes (inside the event loop) until SIGTERM/SIGINT."""
     configure(settings.log_level, settings.log_format)
+    configure_tracing(
+        name,
+        trace_dir=settings.trace_dir,
+        file_mb=settings.trace_file_mb,
+        sample=settings.trace_sample,
+    )
     metrics = (
         serve_metrics(settings.metrics_port, name, settings.metrics_host)
         if settings.metrics_port is not None

@@ -73,6 +73,17 @@ class CommonSettings(BaseSettings):
     shutdown_grace_s: float = Field(default=20.0, ge=0, le=3600)
     """How long a SIGTERM'd service may spend finishing in-flight work."""
 
+    trace_dir: str | None = None
+    """Where this process writes its trace spans as JSON lines (``services.common.
+    tracing``; ``seawall trace`` reads them); ``None``: no file. ``seawall up`` sets
+    ``.seawall/traces``. An OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``) exports them
+    too."""
+    trace_file_mb: float = Field(default=32.0, gt=0, le=4096)
+    """A trace file's size before it is rotated (one old file kept per process)."""
+    trace_sample: float = Field(default=1.0, ge=0, le=1)
+    """The share of requests traced, of those that arrive without a client's
+    ``traceparent`` (which decides for its own request), where a sink is set."""
+
     @property
     def kafka(self) -> KafkaConfig:
         """What the Kafka clients are built from (``seawall_client.kafka``)."""
@@ -97,7 +108,7 @@ class CommonSettings(BaseSettings):
             raise ValueError("consumer_fetch_busy_wait_ms must be at most the fetch wait")
         return self
 
-    @field_validator("consumer_fetch_busy_wait_ms", mode="before")
+    @field_validator("consumer_fetch_busy_wait_ms", "trace_dir", mode="before")
     @classmethod
     def _blank_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v

@@ -29,6 +29,7 @@ from schemas import InferenceReply, InferenceRequest, ReplyChunk
 from seawall_client.clock import Clock
 from seawall_client.streams import ReplyItem, ReplyRouterClosed, ReplyStream
 from services.common.openai_shapes import SSE_DONE, sse
+from services.common.tracing import Span, now_ns
 from services.ingress import metrics as m
 from services.ingress import openai as oai
 from services.ingress.errors import error_response, unavailable
@@ -36,6 +37,7 @@ from services.ingress.front import front_of
 from services.ingress.pipeline import IngressPipeline
 from services.ingress.replies import ReplyRouter
 from services.ingress.settings import IngressSettings
+from services.ingress.tracing import TRACER
 
 
 class SseResponse(StreamingResponse):
@@ -173,11 +175,16 @@ class Waiter:
         stream: ReplyStream,
         request: InferenceRequest,
         clock: Clock,
+        trace: Span | None = None,
     ) -> None:
         self._pipeline = pipeline
         self._router = router
         self.stream = stream
         self._request = request
+        self._trace = trace
+        """The request's span: its first and terminal replies' stages are recorded under
+        it, and it ends when the wait does."""
+        self._delivered = 0
         assert request.deadline_at is not None, "the pipeline gives every request a deadline"
         remaining = request.deadline_at - clock.time() + pipeline.settings.reply_margin_s
         self._until = asyncio.get_running_loop().time() + remaining
@@ -214,15 +221,33 @@ class Waiter:
             return e
 
     def _observe(self, item: ReplyItem) -> ReplyItem:
-        if isinstance(item, InferenceReply):
+        terminal = isinstance(item, InferenceReply)
+        if terminal:
             m.REPLY_WAIT.observe(time.monotonic() - self._published)
+        if self._trace is not None and self._trace.recording:
+            self._trace_delivery(terminal)
         return item
+
+    def _trace_delivery(self, terminal: bool) -> None:
+        """``ingress.first_chunk`` and ``ingress.reply``: from when the worker produced
+        the reply to when it is handed to the client."""
+        produced = self._router.produced_ns(self._request.request_id)
+        index, self._delivered = self._delivered, self._delivered + 1
+        if index >= len(produced):  # not from the topic (the router closed)
+            return
+        parent = self._trace.context if self._trace is not None else None
+        if index == 0:
+            TRACER.record("ingress.first_chunk", parent, produced[0], now_ns())
+        if terminal:
+            TRACER.record("ingress.reply", parent, produced[index], now_ns())
 
     async def close(self) -> None:
         """Stop waiting (idempotent); abort the request if its answer is unfinished."""
         if self._closed:
             return
         self._closed = True
+        if self._trace is not None:
+            self._trace.end()
         m.WAITING.dec()
         self._router.unregister(self._request.request_id)
         if self.stream.terminal is None:

@@ -17,15 +17,19 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from schemas import ClientMeta
+from seawall_client import tracecontext
+from seawall_client.tracecontext import TraceContext
+from services.common.tracing import ROOT, Span, now_ns
 from services.ingress import metrics as m
 from services.ingress import openai as oai
 from services.ingress.admit import Admitted, admit_body, bearer, source_of
 from services.ingress.answers import SseResponse, Waiter, json_reply, stream_reply
 from services.ingress.errors import refused
 from services.ingress.front import front_of
-from services.ingress.pipeline import IngressPipeline
+from services.ingress.pipeline import IngressPipeline, Principal
 from services.ingress.policy.filters.body import check_declared_length
 from services.ingress.refusals import Refusal, body_too_large, invalid
+from services.ingress.tracing import TRACER
 
 TIMEOUT_HEADER = "x-seawall-timeout"
 SESSION_HEADER = "x-session-id"
@@ -68,10 +72,16 @@ async def read_body(request: Request) -> bytes | Refusal:
     return bytes(body)
 
 
-async def admit(request: Request, chat: bool, request_id: str) -> Admitted | Refusal:
+async def admit(
+    request: Request, chat: bool, request_id: str, trace: TraceContext | None = None
+) -> Admitted | Refusal:
+    """The request as it goes onto its priority topic, or why it may not; ``trace``:
+    the request's span, under which each stage's span is recorded."""
     front = front_of(request)
     pipeline, settings = front.pipeline, front.settings
+    span = TRACER.start("ingress.receive", trace)
     body = await read_body(request)
+    span.end()
     if isinstance(body, Refusal):
         return body
     user_agent = request.headers.get("user-agent")
@@ -79,11 +89,31 @@ async def admit(request: Request, chat: bool, request_id: str) -> Admitted | Ref
     if refusal is not None:
         return refusal
     source = source_of(request, settings.trusted_proxies)
+    span = TRACER.start("ingress.authenticate", trace)
     principal = await pipeline.authenticate(
         bearer(request.headers.get("authorization")), source=source
     )
+    span.end()
     if isinstance(principal, Refusal):
         return principal
+    span = TRACER.start("ingress.screen", trace)
+    try:
+        return await _screen(request, chat, request_id, principal, body, source)
+    finally:
+        span.end()
+
+
+async def _screen(
+    request: Request,
+    chat: bool,
+    request_id: str,
+    principal: Principal,
+    body: bytes,
+    source: str,
+) -> Admitted | Refusal:
+    """The body parsed and prepared for its priority topic (``admit_body``)."""
+    front = front_of(request)
+    user_agent = request.headers.get("user-agent")
     parsed: oai.Body | Refusal = (
         oai.parse_body(body, oai.ChatBody) if chat else oai.parse_body(body, oai.CompletionBody)
     )
@@ -93,7 +123,7 @@ async def admit(request: Request, chat: bool, request_id: str) -> Admitted | Ref
     if isinstance(timeout, Refusal):
         return timeout
     return await admit_body(
-        pipeline,
+        front.pipeline,
         parsed,
         principal,
         request_id=request_id,
@@ -106,24 +136,46 @@ async def admit(request: Request, chat: bool, request_id: str) -> Admitted | Ref
 
 
 async def infer(request: Request, *, chat: bool) -> Response:
-    front = front_of(request)
-    pipeline, router = front.pipeline, front.router
     endpoint = "chat" if chat else "completions"
     request_id = uuid.uuid4().hex
+    root = TRACER.begin(
+        ROOT,
+        tracecontext.parse(request.headers.get(tracecontext.HEADER)),
+        now_ns(),
+        endpoint=endpoint,
+        request_id=request_id,
+    )
+    handed_over = False
+    try:
+        response = await _infer(request, endpoint, request_id, root)
+        handed_over = isinstance(response, SseResponse)  # it ends the span
+        return response
+    finally:
+        if not handed_over:
+            root.end()
+
+
+async def _infer(request: Request, endpoint: str, request_id: str, root: Span) -> Response:
+    front = front_of(request)
+    pipeline, router = front.pipeline, front.router
     headers = {"X-Request-Id": request_id}
-    admitted = await admit(request, chat, request_id)
+    admitted = await admit(request, endpoint == "chat", request_id, root.context)
     if isinstance(admitted, Refusal):
+        root.set(refused=admitted.code)
         return refused(endpoint, admitted, headers)
     headers |= admitted.principal.deprecation_headers
     req = admitted.request
-    stream = router.register(request_id)  # before publishing: the reply may be quick
+    root.set(tenant=req.tenant, priority=req.priority.value, pool=req.pool)
+    stream = router.register(request_id, traced=root.recording)  # before publishing
+    span = TRACER.start("ingress.publish", root.context)
     try:
-        await (await pipeline.publish(req))
+        await (await pipeline.publish(req, span.context))
     except BaseException:
         router.unregister(request_id)
         raise
+    span.end()
     m.REQUESTS.labels("http", "published").inc()
-    waiter = Waiter(pipeline, router, stream, req, front.clock)
+    waiter = Waiter(pipeline, router, stream, req, front.clock, root)
     handed_over = False
     try:
         if not req.stream:

@@ -43,6 +43,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 
 from schemas import AbortRequest, InferenceReply, InferenceRequest, ReasonCode, ReplyStatus
+from seawall_client import tracecontext
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.serde import INGRESS, DecodeError, decode
 from seawall_client.topics import Topics
@@ -51,16 +52,20 @@ from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.delivery import Replies, Undeliverable
 from services.common.lifecycle import Component
+from services.common.tracing import ROOT, Span, now_ns
 from services.ingress import metrics as m
 from services.ingress.pipeline import Forged, IngressPipeline
 from services.ingress.policy.keys import KeyRecord
 from services.ingress.refusals import Refusal
 from services.ingress.settings import IngressSettings
+from services.ingress.tracing import TRACER
 
 
 @dataclass(frozen=True, slots=True)
 class _Publish:
     request: InferenceRequest
+    trace: Span
+    """The record's span (``ingress.request``), ended once the request is published."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +135,12 @@ class KafkaIngress(Component):
     # -- the handler (services.common.consuming.Handler) ---------------------------
     async def decide(self, record: Record) -> _Effect:
         value = record.value or b""
+        produced = record.timestamp * 1_000_000
+        root = TRACER.begin(ROOT, tracecontext.from_headers(record.headers), produced)
+        TRACER.record("ingress.read", root.context, produced, now_ns())
+        span = TRACER.start("ingress.authenticate", root.context)
         key = await self._pipeline.verify_signed(record.headers, value)
+        span.end()
         if isinstance(key, Forged):
             return _DeadLetter(key.error())
         try:
@@ -163,10 +173,13 @@ class KafkaIngress(Component):
         )
         if refusal is not None:
             return _Reject(request, refusal)
+        span = TRACER.start("ingress.screen", root.context)
         prepared = await pipeline.prepare(request, principal)
+        span.end()
         if isinstance(prepared, Refusal):
             return _Reject(request, prepared)
-        return _Publish(prepared)
+        root.set(request_id=prepared.request_id, tenant=prepared.tenant, transport="kafka")
+        return _Publish(prepared, root)
 
     async def _bound_to(
         self, key: KeyRecord, message: InferenceRequest | AbortRequest, record: Record
@@ -191,7 +204,17 @@ class KafkaIngress(Component):
     async def effect(self, record: Record, decision: _Effect) -> asyncio.Future[Any] | None:
         if isinstance(decision, _Publish):
             m.REQUESTS.labels("kafka", "published").inc()
-            return await self._pipeline.publish(decision.request)
+            root = decision.trace
+            span = TRACER.start("ingress.publish", root.context)
+            ack = await self._pipeline.publish(decision.request, span.context)
+            if span.recording:
+
+                def published(_: object) -> None:
+                    span.end()
+                    root.end()
+
+                ack.add_done_callback(published)
+            return ack
         if isinstance(decision, _Reject):
             m.REQUESTS.labels("kafka", "refused").inc()
             m.REFUSALS.labels("kafka", decision.refusal.code).inc()

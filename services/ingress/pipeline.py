@@ -39,11 +39,12 @@ from pydantic import ValidationError
 
 from schemas import ChatMessage, InferenceRequest, ReasonCode
 from schemas.requests import TIER_PRIORITY
-from seawall_client import signing
+from seawall_client import signing, tracecontext
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.serde import DecodeError, describe, encode
 from seawall_client.signing import key_id_of
 from seawall_client.topics import RedisKeys, Topics
+from seawall_client.tracecontext import TraceContext
 from services.common.sensitive import Finding, screen, summary
 from services.common.tokenizer import count_tokens
 from services.ingress import metrics as m
@@ -360,13 +361,17 @@ class IngressPipeline:
             f"The prompt contains sensitive data ({shown}); this tenant's policy refuses it.",
         )
 
-    async def publish(self, request: InferenceRequest) -> asyncio.Future[Any]:
-        """Queue the request on its priority topic; await the result for the broker's
-        ack. Queued in call order, so one caller's requests keep their order."""
+    async def publish(
+        self, request: InferenceRequest, trace: TraceContext | None = None
+    ) -> asyncio.Future[Any]:
+        """Queue the request on its priority topic, with ``trace`` as its
+        ``traceparent``; await the result for the broker's ack. Queued in call order, so
+        one caller's requests keep their order."""
         fut: asyncio.Future[Any] = await self._producer.send(
             self._topics.requests(request.priority),
             encode(request),
             key=request.partition_key.encode(),
+            headers=tracecontext.header(trace),
         )
         return fut
 

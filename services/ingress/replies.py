@@ -54,6 +54,7 @@ class ReplyRouter(Component):
     ) -> None:
         super().__init__()
         self._routes = ReplyRoutes(clock, remember)
+        self._produced: dict[str, list[int]] = {}
         self._settings = settings
         self._spec = topics_of(settings).reply_spec(owner)
         self._dead_letters = dead_letters
@@ -82,13 +83,24 @@ class ReplyRouter(Component):
     def waiting(self) -> int:
         return self._routes.waiting
 
-    def register(self, request_id: str) -> ReplyStream:
+    def register(self, request_id: str, *, traced: bool = False) -> ReplyStream:
+        """The stream of ``request_id``'s replies; ``traced``: keep when each reply the
+        stream is given was produced (``produced_ns``), for its trace."""
         if not self.running:
             raise ReplyRouterClosed("the reply router is not running")
-        return self._routes.register(request_id)
+        stream = self._routes.register(request_id)
+        if traced:
+            self._produced[request_id] = []
+        return stream
 
     def unregister(self, request_id: str) -> None:
         self._routes.unregister(request_id)
+        self._produced.pop(request_id, None)
+
+    def produced_ns(self, request_id: str) -> list[int]:
+        """When each reply delivered to a traced request's stream was produced (the
+        records' timestamps, in Unix nanoseconds), in the order delivered."""
+        return self._produced.get(request_id, [])
 
     async def on_start(self) -> None:
         s = self._settings
@@ -109,7 +121,13 @@ class ReplyRouter(Component):
 
     # -- the handler (services.common.consuming.Handler) ---------------------------
     async def decide(self, record: Record) -> None:
-        RECORDS.labels(self._routes.route(decode(REPLY, record.value))).inc()
+        item = decode(REPLY, record.value)
+        outcome = self._routes.route(item)
+        RECORDS.labels(outcome).inc()
+        if outcome == "delivered" and self._produced:
+            produced = self._produced.get(item.request_id)
+            if produced is not None:
+                produced.append(record.timestamp * 1_000_000)
 
     async def effect(self, record: Record, decision: None) -> None:
         return None

@@ -21,14 +21,17 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from schemas import DispatchedRequest, ReasonCode, ReplyChunk, ReplyStatus
+from seawall_client import tracecontext
 from seawall_client.clock import Clock
 from seawall_client.serde import DISPATCH, DecodeError, decode
+from seawall_client.tracecontext import TraceContext
 from services.common.consuming import Record, retry_unavailable
 from services.common.deadletters import DeadLetters
 from services.common.delivery import Replies
 from services.common.failures import Backoff, is_infrastructure
 from services.common.offsets import OffsetTracker
 from services.common.tokenizer import count_tokens
+from services.common.tracing import now_ns
 from services.workers import metrics as m
 from services.workers.answers import Answers
 from services.workers.claims import Busy, Done, Held
@@ -39,6 +42,7 @@ from services.workers.policy.dispatches import REPLY_TEXT_LIMIT, degraded_reason
 from services.workers.runs import InHand, Retry, Run
 from services.workers.settings import WorkerSettings
 from services.workers.shadowing import Shadowing
+from services.workers.tracing import TRACER
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,9 @@ class Serving:
         or dead-lettered); then its offset may be committed."""
         rid: str | None = None
         run: Run | None = None
+        trace = tracecontext.from_headers(record.headers) if record.headers else None
+        if trace is not None:
+            TRACER.record("worker.read", trace, record.timestamp * 1_000_000, now_ns())
         try:
             try:
                 dispatched = decode(DISPATCH, record.value)
@@ -98,7 +105,7 @@ class Serving:
                     return
                 run = self._in_hand.runs[rid] = Run()
                 try:
-                    await self._handle(dispatched, record, run)
+                    await self._handle(dispatched, record, run, trace)
                 except EngineError:
                     raise
                 except Exception as e:  # the request's own failure: answered, never fatal
@@ -123,7 +130,9 @@ class Serving:
             async with self._in_hand.capacity:
                 self._in_hand.capacity.notify_all()
 
-    async def _handle(self, d: DispatchedRequest, record: Record, run: Run) -> None:
+    async def _handle(
+        self, d: DispatchedRequest, record: Record, run: Run, trace: TraceContext | None
+    ) -> None:
         req = d.request
         self._replies.check_name(req.reply_to)
         if not await retry_unavailable(
@@ -154,7 +163,9 @@ class Serving:
             return
         backoff = Backoff()
         while True:
+            span = TRACER.start("worker.claim", trace)
             claim = await self._leases.claim(d)
+            span.end()
             if isinstance(claim, Done):
                 self._answers.count("already_answered", req)
                 return
@@ -179,7 +190,7 @@ class Serving:
                 await self._answers.finish(d, started, None, reply, run)
                 return
             try:
-                await self._generate(d, run, claim.generation)
+                await self._generate(d, run, claim.generation, trace)
                 return
             except Retry as e:
                 log.warning(
@@ -191,9 +202,19 @@ class Serving:
                 run.held, run.lost = None, False
                 await backoff.wait()
 
-    async def _generate(self, d: DispatchedRequest, run: Run, generation: int) -> None:
+    async def _generate(
+        self, d: DispatchedRequest, run: Run, generation: int, trace: TraceContext | None
+    ) -> None:
+        """Run the request on the engine, stream its chunks, send its terminal reply;
+        ``trace``: the span its stages are recorded under (``worker.generate`` over
+        ``worker.first_token`` — the engine's queue and prefill — and
+        ``worker.publish_first_chunk``)."""
         req = d.request
         started = self.clock.time()
+        generate_ns = now_ns()
+        generating = TRACER.start(
+            "worker.generate", trace, generate_ns, generation=generation, worker=self.worker_id
+        )
         engine_request = engine_request_for(d, f"{req.request_id}#{generation}")
         run.engine_request_id = engine_request.request_id
         run.prefill_tokens = engine_request.prompt_tokens
@@ -205,6 +226,11 @@ class Serving:
         prompt_tokens, completion_tokens = engine_request.prompt_tokens, 0
 
         async def send_chunk(chunk: Chunk) -> None:
+            span = (
+                TRACER.start("worker.publish_first_chunk", trace)
+                if chunk.seq == 0 and generating.recording
+                else None
+            )
             msg = ReplyChunk(
                 request_id=req.request_id,
                 seq=chunk.seq,
@@ -215,6 +241,8 @@ class Serving:
             )
             try:
                 sends.append(await self._replies.send(req.reply_to, msg, req.request_id))
+                if span is not None:
+                    sends[-1].add_done_callback(lambda _: span.end())
             except Exception as e:
                 if is_infrastructure(e):
                     await self.engine.abort(engine_request.request_id)
@@ -227,6 +255,8 @@ class Serving:
                 now = self.clock.time()
                 if ttft is None and out.new_tokens:
                     ttft = now - started
+                    if generating.recording:
+                        TRACER.record("worker.first_token", trace, generate_ns, now_ns())
                     self._in_hand.prefilled_tokens_total += run.prefill_tokens
                     run.prefill_tokens = 0
                 parts.append(out.text)
@@ -242,6 +272,8 @@ class Serving:
             run.prefill_tokens = 0
         if run.lost:
             self._answers.count("taken_over", req)
+            generating.set(taken_over=True)
+            generating.end()
             return  # the new owner's generation answers it
         if req.stream:
             tail = coalescer.flush()
@@ -269,3 +301,4 @@ class Serving:
             generation=generation,
         )
         await self._answers.finish(d, started, ttft, reply, run)
+        generating.end()

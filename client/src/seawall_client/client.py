@@ -52,7 +52,7 @@ from schemas import (
     InferenceRequest,
     SamplingParams,
 )
-from seawall_client import signing
+from seawall_client import signing, tracecontext
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.kafka import (
     KafkaConfig,
@@ -66,6 +66,7 @@ from seawall_client.retry import RetryBudget, RetryPolicy, attempt_id, retry_aft
 from seawall_client.serde import REPLY, DecodeError, decode, encode
 from seawall_client.streams import ReplyItem, ReplyRouterClosed, ReplyRoutes
 from seawall_client.topics import Topics
+from seawall_client.tracecontext import TraceContext
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,9 @@ class SeawallClient:
     ) -> AsyncIterator[ReplyItem]:
         """Send a streamed request: its ``ReplyChunk``s as they come, then its terminal
         ``InferenceReply``. Options: ``max_tokens``, ``temperature``, ``top_p``, ``stop``,
-        ``seed``, ``session_id``, ``request_id``, ``timeout_s``, ``model``, ``pool``."""
+        ``seed``, ``session_id``, ``request_id``, ``timeout_s``, ``model``, ``pool``,
+        ``traceparent`` (a ``tracecontext.TraceContext``: the servers record the
+        request's stages under it, where they trace; every attempt carries it)."""
         return self._call(prompt, messages, stream=True, **options)
 
     async def _call(
@@ -253,6 +256,7 @@ class SeawallClient:
         session_id: str | None = None,
         model: str = "default",
         pool: str = "main",
+        traceparent: TraceContext | None = None,
         **sampling: Any,
     ) -> AsyncIterator[ReplyItem]:
         producer = self._producer
@@ -295,7 +299,7 @@ class SeawallClient:
                     self._topics.ingress,
                     value := encode(request),
                     key=request.partition_key.encode(),
-                    headers=self._sign(value),
+                    headers=self._sign(value) + tracecontext.header(traceparent),
                 )
                 self._stats.attempts += 1
                 while True:
