@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
@@ -107,6 +108,9 @@ class AuditLog:
         await self._producer.send_and_wait(self._topic, encode(event), key=tenant.encode())
 
 
+T = TypeVar("T")
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -135,6 +139,7 @@ class KeyStore:
         self._cache_s = cache_s
         self._cache_size = cache_size
         self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
+        self._policies: OrderedDict[str, tuple[float, TenantPolicy | None]] = OrderedDict()
 
     # -- layout ------------------------------------------------------------------
     def _policy_key(self, tenant: str) -> str:
@@ -154,18 +159,27 @@ class KeyStore:
         most ``cache_size`` key ids: a stream of records, or of bad signatures, for
         one key costs one Redis read per ``cache_s``; a key revoked elsewhere stops
         working here within ``cache_s``."""
+        return await self._cached(self._cache, key_id, self._read)
+
+    async def _cached(
+        self,
+        cache: OrderedDict[str, tuple[float, T | None]],
+        key: str,
+        read: Callable[[str], Awaitable[T | None]],
+    ) -> T | None:
+        """``read(key)``, kept ``cache_s`` in ``cache`` (at most ``cache_size`` keys)."""
         if self._cache_s <= 0:
-            return await self._read(key_id)
+            return await read(key)
         now = self._clock.monotonic()
-        hit = self._cache.get(key_id)
+        hit = cache.get(key)
         if hit is not None and now - hit[0] < self._cache_s:
             return hit[1]
-        record = await self._read(key_id)
-        self._cache[key_id] = (now, record)
-        self._cache.move_to_end(key_id)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return record
+        value = await read(key)
+        cache[key] = (now, value)
+        cache.move_to_end(key)
+        while len(cache) > self._cache_size:
+            cache.popitem(last=False)
+        return value
 
     async def _read(self, key_id: str) -> KeyRecord | None:
         fields = await self._hash(self._keys.api_key(key_id))
@@ -187,7 +201,12 @@ class KeyStore:
             return None
 
     async def policy(self, tenant: str) -> TenantPolicy | None:
-        """The tenant's policy; ``None`` if there is none or it is damaged (logged)."""
+        """The tenant's policy; ``None`` if there is none or it is damaged (logged).
+        Kept ``cache_s`` like key records (a request would otherwise cost a Redis read
+        for it): a changed tier applies here within ``cache_s``."""
+        return await self._cached(self._policies, tenant, self._read_policy)
+
+    async def _read_policy(self, tenant: str) -> TenantPolicy | None:
         fields = await self._hash(self._policy_key(tenant))
         if not fields:
             return None
@@ -225,7 +244,7 @@ class KeyStore:
         self, tenant: str, *, tier: Tier | None = None, sensitive: SensitivePolicy | None = None
     ) -> TenantPolicy:
         """Create or change a tenant's policy; a new tenant needs a ``tier``."""
-        current = await self.policy(tenant)
+        current = await self._read_policy(tenant)  # never a cached copy: it may change
         if current is None:
             if tier is None:
                 raise ValueError(f"tenant {tenant!r} is new: give it a tier")
@@ -235,6 +254,7 @@ class KeyStore:
         if new == current:
             return new
         await cast(Any, self._redis.sadd(self._tenants_key, tenant))
+        self._policies.pop(tenant, None)
         await cast(
             Any,
             self._redis.hset(
