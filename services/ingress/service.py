@@ -148,6 +148,7 @@ class IngressService(Component):
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=math.ceil(s.shutdown_grace_s),
+            timeout_keep_alive=math.ceil(s.http_keep_alive_s),
             ws_ping_interval=s.ws_ping_s,
             ws_ping_timeout=s.ws_ping_s,
             ws_max_size=s.max_body_bytes + 1024,  # a frame is one request body

@@ -50,6 +50,12 @@ class IngressSettings(CommonSettings):
     ingress_host: str = "127.0.0.1"
     ingress_port: int = Field(default=8080, ge=0, le=65535)
     """0 picks a free port (tests)."""
+    http_keep_alive_s: float = Field(default=75.0, gt=0, le=3600)
+    """How long an idle HTTP/1.1 connection is kept open (uvicorn's default is 5 s). A
+    load balancer reuses its idle connections to the backend until its own idle timeout
+    (AWS ALB 60 s, nginx's upstream keepalive_timeout 60 s): the backend must keep them
+    longer, or it closes one just as the balancer sends on it and the client gets a
+    reset or a 502. Behind Google Cloud's load balancer, set it above 600 s."""
 
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1, le=16 * 1024 * 1024)
     """HTTP bodies above this are refused (413) before they are parsed."""
