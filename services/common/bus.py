@@ -20,8 +20,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
+from seawall_client.fetch_pacing import Dormancy
 from seawall_client.kafka import Consumer, new_consumer, new_producer
 from seawall_client.topics import Topics
+from services.common.doorbell import Doorbell
 from services.common.offsets import OffsetTracker
 from services.common.settings import CommonSettings
 
@@ -35,13 +37,32 @@ def topics_of(settings: CommonSettings) -> Topics:
     return Topics(settings.topic_prefix, settings.topic_partitions, settings.pools)
 
 
+def doorbell_for(settings: CommonSettings) -> Doorbell | None:
+    """This event loop's doorbell where ``kafka_doorbell`` is on."""
+    if not settings.kafka_doorbell:
+        return None
+    return Doorbell.shared(settings.redis_url, settings.redis_prefix)
+
+
 def make_producer(settings: CommonSettings, **overrides: Any) -> AIOKafkaProducer:
+    """A producer (``seawall_client.kafka.new_producer``); where the doorbell is on, each
+    acknowledged record rings its topic (``doorbell``)."""
+    doorbell = doorbell_for(settings)
+    if doorbell is not None:
+        overrides.setdefault("delivered", doorbell.ring)
     return new_producer(settings.kafka, **overrides)
 
 
 def make_consumer(
-    settings: CommonSettings, *topics: str, group_id: str | None, **overrides: Any
+    settings: CommonSettings,
+    *topics: str,
+    group_id: str | None,
+    rung: bool = True,
+    **overrides: Any,
 ) -> Consumer:
+    """A consumer (``seawall_client.kafka.new_consumer``); where the doorbell is on and
+    its topics are ``rung`` (every producer of them rings), dormant between rings
+    (``fetch_pacing.Dormancy``)."""
     options: dict[str, Any] = {
         "group_id": group_id,
         "session_timeout_ms": settings.consumer_session_timeout_ms,
@@ -49,7 +70,13 @@ def make_consumer(
         "max_poll_interval_ms": 300_000,
     }
     options.update(overrides)
-    return new_consumer(settings.kafka, *topics, **options)
+    doorbell = doorbell_for(settings) if rung else None
+    if doorbell is None:
+        return new_consumer(settings.kafka, *topics, **options)
+    awake_ms = settings.consumer_fetch_busy_wait_ms or settings.consumer_fetch_max_wait_ms
+    consumer = new_consumer(settings.kafka, *topics, dormancy=Dormancy(awake_ms), **options)
+    doorbell.watch(consumer)
+    return consumer
 
 
 @dataclass(frozen=True, slots=True)

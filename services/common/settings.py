@@ -62,6 +62,12 @@ class CommonSettings(BaseSettings):
     throughout, right for Apache Kafka; ``seawall up`` sets it on the embedded broker,
     which does not wake a waiting fetch when a record arrives."""
 
+    kafka_doorbell: bool = False
+    """Producers ring a Redis channel per topic once the broker took a record, and
+    consumers sleep between rings (``services.common.doorbell``): for the embedded
+    broker, which answers a waiting fetch late (``seawall up`` turns it on there). Off
+    for Apache Kafka, which answers a waiting fetch as soon as a record arrives."""
+
     instance_id: str = Field(default_factory=default_instance_id, max_length=128)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["logfmt", "json"] = "logfmt"

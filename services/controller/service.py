@@ -51,7 +51,7 @@ from schemas import ControlEvent
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.kafka import close, ensure_topics
 from seawall_client.serde import encode
-from services.common.bus import make_producer, topics_of
+from services.common.bus import doorbell_for, make_producer, topics_of
 from services.common.control import ControlFollower
 from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
@@ -67,6 +67,10 @@ from services.controller.telemetry import TelemetryAgents
 from services.controller.ticks import Ticker
 
 log = logging.getLogger(__name__)
+
+FRESH_S = 1.0
+"""A control event issued less than this ago is a new decision (a re-publication keeps
+its decision's ``issued_at``): only those ring the doorbell."""
 
 
 def notifiers_of(settings: ControllerSettings) -> Notifiers:
@@ -102,7 +106,10 @@ class Controller(Component):
         self.clock = clock
         self.topics = topics_of(settings)
         lock = asyncio.Lock()
-        self._producer = make_producer(settings)
+        # Its control events ring the doorbell only when they change something (``_send``):
+        # a decision re-published while in force need not wake every follower.
+        self._doorbell = doorbell_for(settings)
+        self._producer = make_producer(settings, delivered=None)
         dead_letters = DeadLetters(self._producer, self.topics.deadletter, "controller", clock)
         self._datadir = Path(tempfile.gettempdir()) / f"seawall-controller-{uuid.uuid4().hex}"
         self.app = build_app(settings, self._datadir)
@@ -216,3 +223,7 @@ class Controller(Component):
             for event in events
         ]
         await asyncio.gather(*sends)
+        if self._doorbell is not None and any(
+            self.clock.time() - event.issued_at < FRESH_S for event in events
+        ):
+            self._doorbell.ring(self.topics.control)

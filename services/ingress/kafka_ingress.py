@@ -106,8 +106,10 @@ class KafkaIngress(Component):
         self._dead_letters = dead_letters
         self._topics = topics
         self._clock = clock
+        # Producers outside seawall (SDK clients) write this topic and ring no doorbell:
+        # its consumer keeps polling at the fetch wait.
         consumer: AIOKafkaConsumer = make_consumer(
-            settings, group_id=f"{settings.topic_prefix}seawall.ingress"
+            settings, group_id=f"{settings.topic_prefix}seawall.ingress", rung=False
         )
         consumer.subscribe([topics.ingress])
         self.loop: ConsumerLoop[_Effect] = ConsumerLoop(

@@ -47,3 +47,74 @@ class FetchPacing:
         if got_records:
             self._last_records = now
         return self.busy_ms if now - self._last_records < self.busy_window_s else self.idle_ms
+
+
+LINGER_MARGIN_S: Final = 0.005
+PEEK_S: Final = 5.0
+"""How often a dormant consumer fetches of its own accord: a ring can be lost (Redis
+unreachable, a producer that does not ring), and this bounds what that costs. Each
+peek is two or three fetches; at 5 s, a dormant consumer costs the broker about half a
+fetch a second against twenty at a 50 ms wait."""
+
+
+@dataclass(slots=True)
+class Dormancy:
+    """When a consumer that a doorbell wakes fetches at all (pure; ``now`` monotonic).
+
+    On a broker that answers a waiting fetch late (Tansu), the fetch wait is a trade:
+    short, and every idle consumer polls the broker many times a second; long, and a
+    record that lands during a wait waits with it. With a doorbell — its producers say
+    when they have written (``services.common.doorbell``) — neither is needed: a
+    consumer is *awake* (fetching, each fetch waiting ``awake_ms`` at most) for
+    ``linger_s`` after its last records or ring, and *dormant* otherwise, with no fetch
+    at the broker, until the next ring. A ring's records are then read by a fresh
+    fetch, whose first look finds them. A dormant consumer still wakes every ``peek_s``
+    by itself, so that a lost ring costs at most that."""
+
+    awake_ms: int
+    linger_s: float | None = None
+    """How long a consumer stays awake after its last records or ring; by default the
+    fetch wait and a margin: a ring that comes while a fetch begun before it waits at
+    the broker keeps the consumer awake past that fetch's answer, so that a fetch begun
+    after the ring follows, and finds the record; and records keep it fetching until a
+    fetch finds none (a backlog is rung once)."""
+    peek_s: float = PEEK_S
+    _awake_until: float | None = field(default=None, init=False)
+    """``None`` until the first read: a consumer starts awake, to catch up."""
+    _asleep_since: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.awake_ms < 1:
+            raise ValueError("awake_ms must be at least 1")
+        if self.linger_s is None:
+            self.linger_s = self.awake_ms / 1000 + LINGER_MARGIN_S
+        if not (self.linger_s > 0 and self.peek_s > 0):
+            raise ValueError("linger_s and peek_s must be positive")
+
+    def woken(self, now: float) -> None:
+        """A ring (or a peek): fetch for ``linger_s`` from ``now``."""
+        assert self.linger_s is not None  # set in __post_init__
+        self._awake_until = max(self._awake_until or now, now + self.linger_s)
+        self._asleep_since = None
+
+    def awake(self, got_records: bool, now: float) -> bool:
+        """Whether to fetch now, after a read that did (or did not) bring records."""
+        if got_records or self._awake_until is None:
+            self.woken(now)
+        assert self._awake_until is not None
+        if now < self._awake_until:
+            return True
+        if self._asleep_since is None:
+            self._asleep_since = now
+        elif now >= self._asleep_since + self.peek_s:  # as next_look computes it
+            self.woken(now)  # a peek
+            return True
+        return False
+
+    def next_look(self) -> float:
+        """When ``awake`` may answer otherwise (the linger's end, or the next peek)."""
+        if self._awake_until is None:
+            return -math.inf
+        if self._asleep_since is None:
+            return self._awake_until
+        return self._asleep_since + self.peek_s

@@ -15,7 +15,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from seawall_client.fetch_pacing import FetchPacing
+from seawall_client.fetch_pacing import Dormancy, FetchPacing
 from seawall_client.topics import TopicSpec
 
 log = logging.getLogger(__name__)
@@ -136,22 +136,35 @@ class Producer(AIOKafkaProducer):  # type: ignore[misc]
     it stall until they expire with ``NotLeaderForPartitionError``.
     """
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, delivered: Callable[[str], None] | None = None, **options: Any) -> None:
         super().__init__(**options)
         self._tracked: set[str] = set()
+        self._delivered = delivered
+        """Told each topic a send to it was acknowledged on (a doorbell rings it)."""
 
     def _track(self, topic: str) -> None:
         if topic not in self._tracked:
             self._tracked.add(topic)
             self.client.add_topic(topic)
 
+    def _on_ack(self, topic: str, ack: asyncio.Future[Any]) -> None:
+        if self._delivered is not None:
+            delivered = self._delivered
+            ack.add_done_callback(
+                lambda f: None if f.cancelled() or f.exception() else delivered(topic)
+            )
+
     async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
         self._track(topic)
-        return await super().send(topic, *args, **kwargs)
+        ack = await super().send(topic, *args, **kwargs)
+        self._on_ack(topic, ack)
+        return ack
 
     async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
         self._track(topic)
-        return await super().send_batch(batch, topic, partition=partition)
+        ack = await super().send_batch(batch, topic, partition=partition)
+        self._on_ack(topic, ack)
+        return ack
 
 
 MAX_BATCH_BYTES = 256 * 1024
@@ -182,16 +195,108 @@ def new_producer(config: KafkaConfig, **overrides: Any) -> AIOKafkaProducer:
 
 
 class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
-    """aiokafka's consumer, its fetch wait paced by what its reads bring
-    (``fetch_pacing``).
+    """aiokafka's consumer, its fetching paced by what its reads bring: its fetch wait
+    (``FetchPacing``), or, where a doorbell wakes it, whether it fetches at all
+    (``Dormancy``: dormant, its partitions are paused, so no fetch waits at the broker;
+    ``wake`` resumes them).
 
     aiokafka's fetcher builds each fetch request from its ``_fetch_max_wait_ms`` (it
     has no public setter); after every ``getmany`` the wait the pacing picks is set
-    there, so the fetches from then on carry it."""
+    there, so the fetches from then on carry it. The owner's own pauses (back-pressure)
+    are kept apart from dormancy's: waking never resumes what the owner paused."""
 
-    def __init__(self, *topics: str, pacing: FetchPacing | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *topics: str,
+        pacing: FetchPacing | None = None,
+        dormancy: Dormancy | None = None,
+        **options: Any,
+    ) -> None:
+        if dormancy is not None:
+            options["fetch_max_wait_ms"] = dormancy.awake_ms
+            pacing = None
         super().__init__(*topics, **options)
         self._pacing = pacing
+        self._dormancy = dormancy
+        self._held: set[TopicPartition] = set()
+        """What the owner paused."""
+        self._asleep = False
+        self._look: asyncio.TimerHandle | None = None
+        """When dormancy is looked at next (not only when the owner reads: its reads
+        may wait far longer than the linger)."""
+        self.on_topics: Callable[[frozenset[str]], None] | None = None
+        """Told the topics this consumer reads whenever they change (its doorbell)."""
+        self.on_stopped: Callable[[Consumer], None] | None = None
+
+    async def stop(self) -> None:
+        if self._look is not None:
+            self._look.cancel()
+            self._look = None
+        try:
+            await super().stop()
+        finally:
+            if self.on_stopped is not None:
+                self.on_stopped(self)
+
+    @property
+    def topics_read(self) -> frozenset[str]:
+        subscribed = self.subscription() or set()
+        return frozenset(subscribed) | {tp.topic for tp in self.assignment()}
+
+    def subscribe(self, *args: Any, **kwargs: Any) -> None:
+        super().subscribe(*args, **kwargs)
+        self._topics_changed()
+
+    def assign(self, partitions: Any) -> None:
+        super().assign(partitions)
+        self._topics_changed()
+
+    def _topics_changed(self) -> None:
+        if self.on_topics is not None:
+            self.on_topics(self.topics_read)
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self._held.update(partitions)
+        super().pause(*partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self._held.difference_update(partitions)
+        if not self._asleep:
+            super().resume(*partitions)
+
+    def wake(self) -> None:
+        """Records are waiting (a doorbell rang): fetch them now."""
+        if self._dormancy is None:
+            return
+        self._dormancy.woken(time.monotonic())
+        self._doze(True)
+
+    def _doze(self, awake: bool) -> None:
+        """Resume (awake) or pause (dormant) the partitions, and look again when the
+        dormancy may change its answer. Never paused while a fetch is out or its
+        records wait to be read: aiokafka drops the records of a paused partition (they
+        would be fetched again, and lost again to the next pause)."""
+        assert self._dormancy is not None
+        look_at = self._dormancy.next_look()
+        if awake:
+            if self._asleep:
+                self._asleep = False
+                super().resume(*(tp for tp in self.assignment() if tp not in self._held))
+        elif self._fetcher._in_flight or self._fetcher._records:
+            look_at = time.monotonic() + self._dormancy.awake_ms / 1000
+        else:
+            # Every time, not once: a rebalance resumes what it assigns.
+            self._asleep = True
+            super().pause(*self.assignment())
+        if self._look is not None:
+            self._look.cancel()
+        # The event loop's clock is time.monotonic(), as Dormancy's is.
+        self._look = asyncio.get_running_loop().call_at(look_at, self._look_again)
+
+    def _look_again(self) -> None:
+        self._look = None
+        if self._dormancy is not None and not self._closed:
+            self._doze(self._dormancy.awake(False, time.monotonic()))
 
     async def getmany(
         self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
@@ -199,17 +304,22 @@ class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
         batches: dict[TopicPartition, list[Any]] = await super().getmany(
             *partitions, timeout_ms=timeout_ms, max_records=max_records
         )
-        if self._pacing is not None:
-            got = any(batches.values())
+        got = any(batches.values())
+        if self._dormancy is not None:
+            self._doze(self._dormancy.awake(got, time.monotonic()))
+        elif self._pacing is not None:
             self._fetcher._fetch_max_wait_ms = self._pacing.wait_ms(got, time.monotonic())
         return batches
 
 
-def new_consumer(config: KafkaConfig, *topics: str, **overrides: Any) -> Consumer:
+def new_consumer(
+    config: KafkaConfig, *topics: str, dormancy: Dormancy | None = None, **overrides: Any
+) -> Consumer:
     """Every consumer: no auto-commit (an offset is committed only after its effect is
     durable), from the earliest record when there is no committed offset, its fetch
     wait paced where ``config`` sets a busy wait (idle: the consumer's
-    ``fetch_max_wait_ms``, an override's included)."""
+    ``fetch_max_wait_ms``, an override's included), or dormant between rings where a
+    doorbell wakes it (``dormancy``)."""
     options: dict[str, Any] = {
         "bootstrap_servers": config.bootstrap,
         "client_id": config.client_id,
@@ -222,7 +332,7 @@ def new_consumer(config: KafkaConfig, *topics: str, **overrides: Any) -> Consume
     if config.fetch_busy_wait_ms is not None:
         idle = options["fetch_max_wait_ms"]
         pacing = FetchPacing(idle_ms=idle, busy_ms=min(config.fetch_busy_wait_ms, idle))
-    return Consumer(*topics, pacing=pacing, **options)
+    return Consumer(*topics, pacing=pacing, dormancy=dormancy, **options)
 
 
 async def ensure_topics(
