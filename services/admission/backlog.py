@@ -62,6 +62,11 @@ class Backlog:
         """Accepted requests waiting in class ``cls``."""
         return sum(len(dq) for (c, _), dq in self.queues.items() if c is cls)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing waits, in any lane."""
+        return not any(self.queues.values())
+
     def scavengers(self) -> int:
         """Requests waiting in the scavenger lane."""
         return sum(len(dq) for (lane, _), dq in self.queues.items() if lane == SCAVENGER)

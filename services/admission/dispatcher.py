@@ -119,7 +119,10 @@ class Dispatcher:
                         self._backoff.reset()
                     else:
                         await self._backoff.wait()  # the broker did not take the dispatches
-                await wait_set(self._wake, self._interval_s)
+                # With nothing waiting, only news (a wake) or the sweep and gauges' turn
+                # makes a round worth running.
+                idle = self._backlog.empty
+                await wait_set(self._wake, GAUGES_INTERVAL_S if idle else self._interval_s)
                 self._wake.clear()
                 settle = await self._round()
                 if settle is not None:

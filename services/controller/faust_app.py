@@ -28,7 +28,8 @@ def build_app(settings: ControllerSettings, datadir: Path) -> faust.App:
     session_s = settings.controller_session_timeout_s
     return App(
         settings.app_id,
-        fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
+        fetch_max_wait_ms=settings.controller_fetch_max_wait_ms
+        or settings.consumer_fetch_max_wait_ms,
         broker=[f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")],
         store="memory://",
         processing_guarantee="at_least_once",
