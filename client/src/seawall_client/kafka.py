@@ -186,7 +186,10 @@ def new_producer(config: KafkaConfig, **overrides: Any) -> AIOKafkaProducer:
         "client_id": config.client_id,
         "acks": "all",
         "enable_idempotence": config.idempotence,
-        "linger_ms": 1,
+        # No linger: a record goes out at once, and those queued while a request is
+        # with the broker share the next one. 1 ms cost a hop 1.2 ms at its median
+        # on the embedded broker (a send acknowledged in 2.27 ms against 1.08).
+        "linger_ms": 0,
         "request_timeout_ms": 15_000,
         "max_batch_size": MAX_BATCH_BYTES,
     }
