@@ -336,6 +336,20 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboards() -> None:
     assert volumes[dashboards] == "deploy/grafana/dashboards"
 
 
+def test_every_service_exports_its_spans_to_jaeger_which_grafana_reads() -> None:
+    compose = load()
+    jaeger = compose["services"]["jaeger"]
+    assert jaeger["image"].startswith("jaegertracing/jaeger:2.")
+    assert "--set=receivers.otlp.protocols.http.endpoint=0.0.0.0:4318" in jaeger["command"]
+    for name, service in seawall_services(compose).items():
+        assert environment(service)["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318", name
+    provisioning = ROOT / mounts(compose["services"]["grafana"])["/etc/grafana/provisioning"]
+    (source,) = yaml.safe_load((provisioning / "datasources/jaeger.yml").read_text())["datasources"]
+    assert source["type"] == "jaeger"
+    assert source["url"] == "http://jaeger:16686"
+    assert "jaeger" in compose["services"]["grafana"]["depends_on"]
+
+
 def test_the_image_runs_as_a_user_and_leaves_the_command_to_each_service() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     instructions = [
