@@ -247,6 +247,21 @@ def machine(loadavg_before: tuple[float, float, float], **extra: object) -> dict
     }
 
 
+def commit() -> str:
+    """The commit a benchmark ran on (``-dirty``: with uncommitted changes to tracked
+    files), for its JSON."""
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return head + ("-dirty" if dirty else "")
+
+
 def output_dir(name: str, quick: bool) -> Path:
     """Where a run writes its JSON and plot: ``results/``, or for a ``--quick`` trial a
     new temporary directory, so that a trial never overwrites the recorded figures."""

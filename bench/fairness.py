@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _common import machine, midpoint, output_dir, ratio, summary
+from _common import commit, machine, midpoint, output_dir, ratio, summary
 
 # `seawall up` and the call helpers come from the test support package.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -166,16 +166,27 @@ async def main() -> None:
     parser.add_argument(
         "--redis", default=os.environ.get("SEAWALL_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the stack on CPU 0, this load generator alone on CPU 1 (as taskset would)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.duration, args.warmup = 20.0, 5.0
     out = output_dir("fairness", args.quick)
     load_before = os.getloadavg()
+    if args.pin:
+        # Every process of the stack inherits this affinity when seawall up starts it;
+        # the generator moves to the other core once the stack is up.
+        os.sched_setaffinity(0, {0})
     with (
         tempfile.TemporaryDirectory(prefix="seawall-fairness-") as tmp,
         # the VIP shares the main pool with the abusers, as the figures were measured
         launch(Path(tmp), args.redis, "--enterprise-workers", "0") as stack,
     ):
+        if args.pin:
+            os.sched_setaffinity(0, {1})
         vip = SeawallClient(
             api_key=stack.key("fair-vip", "enterprise")["key"], kafka=stack.settings.kafka
         )
@@ -200,6 +211,12 @@ async def main() -> None:
             "embedded broker, local Redis; SDK clients"
         ),
         "settings": vars(args),
+        "commit": commit(),
+        "pinned": (
+            "the stack (broker, services) on CPU 0, the load generator on CPU 1"
+            if args.pin
+            else "no pinning: the generator shares both cores with the stack"
+        ),
         "vip_p99_alone_ms": p99_alone,
         "vip_p99_loaded_ms": p99_loaded,
         "vip_p99_loaded_over_alone": ratio(p99_loaded, p99_alone),

@@ -34,7 +34,6 @@ import contextlib
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from typing import Any
 
 import httpx
 import psutil
-from _common import machine, output_dir, summary
+from _common import commit, machine, output_dir, summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -65,18 +64,6 @@ SECONDS = {5.0: 40.0, 40.0: 20.0, 200.0: 10.0}
 """Seconds of arrivals at each rate: 200 requests at 5/s, 800 at 40/s, 2,000 at 200/s."""
 WARMUP = 10
 DIRECT_MODEL = "sim-llama-2-7b"
-
-
-def commit() -> str:
-    """The commit the benchmark ran on (``-dirty``: with uncommitted changes)."""
-    out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
 # -- processes and their CPU --------------------------------------------------------------

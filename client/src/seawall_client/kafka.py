@@ -276,17 +276,27 @@ class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
 
     def _doze(self, awake: bool) -> None:
         """Resume (awake) or pause (dormant) the partitions, and look again when the
-        dormancy may change its answer. Never paused while a fetch is out or its
-        records wait to be read: aiokafka drops the records of a paused partition (they
-        would be fetched again, and lost again to the next pause)."""
+        dormancy may change its answer.
+
+        aiokafka returns no records of a paused partition (it drops them, to be fetched
+        again): pausing while fetched records wait to be read, or while a fetch that
+        may bring some is out, would lose them to every pause (a fetch slower than the
+        linger, a 900 KB record, say, forever). So a consumer due to sleep with records
+        waiting looks again a fetch wait later, and one with a fetch out pauses when
+        that fetch comes back empty, before the fetcher sends the next."""
         assert self._dormancy is not None
         look_at = self._dormancy.next_look()
+        fetcher = self._fetcher
         if awake:
             if self._asleep:
                 self._asleep = False
                 super().resume(*(tp for tp in self.assignment() if tp not in self._held))
-        elif self._fetcher._in_flight or self._fetcher._records:
+        elif fetcher._records:
             look_at = time.monotonic() + self._dormancy.awake_ms / 1000
+        elif fetcher._in_flight:
+            for task in fetcher._pending_tasks:
+                if not task.done():
+                    task.add_done_callback(self._fetched)
         else:
             # Every time, not once: a rebalance resumes what it assigns.
             self._asleep = True
@@ -295,6 +305,16 @@ class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
             self._look.cancel()
         # The event loop's clock is time.monotonic(), as Dormancy's is.
         self._look = asyncio.get_running_loop().call_at(look_at, self._look_again)
+
+    def _fetched(self, task: asyncio.Task[Any]) -> None:
+        """A fetch that was out when the consumer was due to sleep came back: sleep now
+        if it brought nothing (this runs before the fetcher sends its next fetch)."""
+        brought = not task.cancelled() and task.exception() is None and bool(task.result())
+        if brought or self._dormancy is None or self._closed:
+            return
+        if not self._dormancy.awake(False, time.monotonic()) and not self._fetcher._records:
+            self._asleep = True
+            super().pause(*self.assignment())
 
     def _look_again(self) -> None:
         self._look = None

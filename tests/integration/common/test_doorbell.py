@@ -154,3 +154,34 @@ async def test_records_that_wait_for_a_slow_reader_are_not_lost_to_dormancy(
         assert await read(dormant, timeout_s=5) == [b"late"]
     finally:
         await producer.stop()
+
+
+async def test_a_dormant_consumer_sends_no_fetch_until_it_is_rung(
+    rung: CommonSettings, topic: str, dormant: Consumer
+) -> None:
+    """Idle must cost the broker nothing: once asleep, not one fetch (each would wait out
+    its fetch wait at the broker, polling its storage) until a ring."""
+    fetches = 0
+    send = dormant._client.send
+
+    async def counting(node_id: int, request: object, *args: object, **kwargs: object) -> object:
+        nonlocal fetches
+        fetches += type(request).__name__ == "FetchRequest"
+        return await send(node_id, request, *args, **kwargs)
+
+    dormant._client.send = counting
+
+    async def fetches_in(seconds: float) -> int:
+        nonlocal fetches
+        fetches = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await dormant.getmany(timeout_ms=100)
+        return fetches
+
+    assert await fetches_in(2.0) == 0
+    # Woken (by a ring, a peek): it fetches for its linger (15 ms, two or three fetches),
+    # then sleeps again, though a fetch is usually out at the broker when it ends.
+    for _ in range(5):
+        dormant.wake()
+        assert 1 <= await fetches_in(1.0) <= 6  # polling would be ~50
