@@ -41,10 +41,12 @@ async def admit_body(
     session_id: str | None,
     client: ClientMeta,
     clock: Clock,
+    region: str | None = None,
 ) -> Admitted | Refusal:
     """A parsed body of an authenticated client, as it goes onto its priority topic
     (``IngressPipeline.prepare``), with the shape of its answers; or why it may not.
-    HTTP and WebSocket requests take this one path."""
+    HTTP and WebSocket requests take this one path; ``region``: where the request was
+    counted already (``IngressPipeline.arrive``)."""
     model = parsed.model or next(iter(pipeline.settings.models))
     now = clock.time()
     draft = oai.to_request(
@@ -60,7 +62,7 @@ async def admit_body(
     )
     if isinstance(draft, Refusal):
         return draft
-    prepared = await pipeline.prepare(draft, principal)
+    prepared = await pipeline.prepare(draft, principal, region)
     if isinstance(prepared, Refusal):
         return prepared
     include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)

@@ -96,9 +96,13 @@ async def admit(
     span.end()
     if isinstance(principal, Refusal):
         return principal
+    # Over quota by admission's hint: refused before the body is parsed.
+    region, refusal = pipeline.arrive(principal, source)
+    if refusal is not None:
+        return refusal
     span = TRACER.start("ingress.screen", trace)
     try:
-        return await _screen(request, chat, request_id, principal, body, source)
+        return await _screen(request, chat, request_id, principal, body, source, region)
     finally:
         span.end()
 
@@ -110,6 +114,7 @@ async def _screen(
     principal: Principal,
     body: bytes,
     source: str,
+    region: str,
 ) -> Admitted | Refusal:
     """The body parsed and prepared for its priority topic (``admit_body``)."""
     front = front_of(request)
@@ -132,6 +137,7 @@ async def _screen(
         session_id=request.headers.get(SESSION_HEADER) or parsed.user,
         client=ClientMeta(user_agent=(user_agent or "")[:512], client_ip=source),
         clock=front.clock,
+        region=region,
     )
 
 

@@ -268,19 +268,30 @@ class IngressPipeline:
         )
 
     # -- the request -------------------------------------------------------------
+    def arrive(self, principal: Principal, client_ip: str) -> tuple[str, Refusal | None]:
+        """A request of ``principal``'s from ``client_ip`` arrives: counted for its
+        region (hotspot detection, refused or not), and refused at once if admission
+        found its tenant's requests bucket empty, until it refills (``policy.hints``):
+        no hop, no Redis call, and nothing parsed (HTTP calls this before reading the
+        body's JSON). Returns the region and the refusal, if any."""
+        now = self._clock.time()
+        region = self.region(client_ip)
+        self.arrivals.count(region)
+        hint = self.hints.covering(principal.tenant, now)
+        return region, None if hint is None else over_quota(hint, now)
+
     async def prepare(
-        self, request: InferenceRequest, principal: Principal
+        self, request: InferenceRequest, principal: Principal, region: str | None = None
     ) -> InferenceRequest | Refusal:
-        """The request as it goes onto the priority topic, or why it may not. A tenant
-        whose requests bucket admission found empty is refused first, until it refills
-        (``policy.hints``): no hop, no Redis call."""
+        """The request as it goes onto the priority topic, or why it may not;
+        ``region``: where ``arrive`` placed it (``None``: it has not arrived yet, and
+        does now)."""
         s = self.settings
         now = self._clock.time()
-        region = self.region(request.client.client_ip)
-        self.arrivals.count(region)  # what arrives, refused or not (hotspot detection)
-        hint = self.hints.covering(principal.tenant, now)
-        if hint is not None:
-            return over_quota(hint, now)
+        if region is None:
+            region, refusal = self.arrive(principal, request.client.client_ip)
+            if refusal is not None:
+                return refusal
         pool = s.models.get(request.model)
         if pool is None:
             return invalid(
