@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -47,6 +48,7 @@ import psutil
 from _common import commit, machine, output_dir, summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 
 from aiokafka import AIOKafkaConsumer
 from openai import AsyncOpenAI
@@ -138,12 +140,16 @@ async def end_offsets(bootstrap: str, prefix: str) -> dict[str, int]:
 
 
 # -- the load --------------------------------------------------------------------------
-async def one(client: AsyncOpenAI, model: str, traced: bool) -> tuple[float | None, str, str]:
-    """One streamed request: its TTFT in ms (``None`` if it failed), what went wrong,
-    its trace id."""
+Result = tuple[float | None, list[float], str, str]
+"""A streamed request's TTFT in ms (``None``: it failed), the gaps between the pieces
+of text it got after the first (ms), what went wrong, its trace id."""
+
+
+async def one(client: AsyncOpenAI, model: str, traced: bool) -> Result:
     trace = new_trace()
     headers = {"traceparent": trace.header} if traced else {}
     t0 = time.perf_counter()
+    texts: list[float] = []
     try:
         stream = await client.chat.completions.create(
             model=model,
@@ -152,19 +158,21 @@ async def one(client: AsyncOpenAI, model: str, traced: bool) -> tuple[float | No
             stream=True,
             extra_headers=headers,
         )
-        ttft = None
         async for event in stream:
-            if ttft is None and event.choices and event.choices[0].delta.content:
-                ttft = (time.perf_counter() - t0) * 1000
-        return ttft, "" if ttft is not None else "no text", trace.trace_id
+            if event.choices and event.choices[0].delta.content:
+                texts.append(time.perf_counter())
     except Exception as e:  # a failure is this request's outcome, counted
-        return None, type(e).__name__, trace.trace_id
+        return None, [], type(e).__name__, trace.trace_id
+    if not texts:
+        return None, [], "no text", trace.trace_id
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(texts)]
+    return (texts[0] - t0) * 1000, gaps, "", trace.trace_id
 
 
 async def open_loop(
     url: str, key: str, model: str, rate: float, seconds: float, seed: int, traced: bool
-) -> tuple[list[float], list[str], list[str]]:
-    """Poisson arrivals at ``rate`` for ``seconds``; TTFTs, errors, trace ids."""
+) -> list[Result]:
+    """Poisson arrivals at ``rate`` for ``seconds``; each request's result."""
     rng = random.Random(seed)
     client = AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
     async with client:
@@ -179,10 +187,7 @@ async def open_loop(
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(client, model, traced)))
             at += rng.expovariate(rate)
-        results = await asyncio.gather(*tasks)
-    ttfts = [t for t, _, _ in results if t is not None]
-    errors = [e for t, e, _ in results if t is None]
-    return ttfts, errors, [tid for _, _, tid in results]
+        return await asyncio.gather(*tasks)
 
 
 def quantiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -280,14 +285,17 @@ async def measure_rate(
     seconds = SECONDS.get(rate, 20.0) * args.scale
     bootstrap, prefix = stack.settings.kafka_bootstrap, stack.settings.topic_prefix
     with cpu_window(procs) as direct_cpu:
-        d_ttft, d_err, _ = await open_loop(
+        direct = await open_loop(
             f"http://127.0.0.1:{sim_port}/v1", "none", DIRECT_MODEL, rate, seconds, args.seed, False
         )
     before = await end_offsets(bootstrap, prefix)
     with cpu_window(procs) as sw_cpu:
-        s_ttft, s_err, trace_ids = await open_loop(
-            f"{stack.url}/v1", key, "default", rate, seconds, args.seed, True
-        )
+        through = await open_loop(f"{stack.url}/v1", key, "default", rate, seconds, args.seed, True)
+    d_ttft = [t for t, _, _, _ in direct if t is not None]
+    d_err = [e for t, _, e, _ in direct if t is None]
+    s_ttft = [t for t, _, _, _ in through if t is not None]
+    s_err = [e for t, _, e, _ in through if t is None]
+    trace_ids = [tid for *_, tid in through]
     after = await end_offsets(bootstrap, prefix)
     await asyncio.sleep(FLUSH_INTERVAL_S + 1.0)  # the services' last spans
     trace_dir = Path(stack.settings.trace_dir or "")
@@ -322,6 +330,18 @@ async def measure_rate(
         "direct_ttft_ms": direct_q,
         "seawall_ttft_ms": sw_q,
         "added_ttft_ms": added,
+        # What the client sees between two pieces of text after the first: the engine
+        # gives a token every ~11 ms; seawall coalesces (SEAWALL_CHUNK_MAX_*).
+        "inter_chunk_gap_ms": {
+            "direct": quantiles([g for _, gaps, _, _ in direct for g in gaps]),
+            "seawall": quantiles([g for _, gaps, _, _ in through for g in gaps]),
+        },
+        "text_pieces_per_request": {
+            "direct": round(sum(len(g) + 1 for t, g, _, _ in direct if t) / max(1, len(d_ttft)), 2),
+            "seawall": round(
+                sum(len(g) + 1 for t, g, _, _ in through if t) / max(1, len(s_ttft)), 2
+            ),
+        },
         "cpu_ms_per_request": cpu_sw,
         "load_generator_cpu_ms_per_request": {
             "direct": cpu_direct.get(GENERATOR),
@@ -358,8 +378,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         stderr=asyncio.subprocess.DEVNULL,
     )
     try:
-        with launch(work / "state", f"redis://127.0.0.1:{args.redis_port}/0") as stack:
+        env = dict(pair.split("=", 1) for pair in args.env)
+        redis_url = f"redis://127.0.0.1:{args.redis_port}/0"
+        with launch(work / "state", redis_url, env=env) as stack:
             key = stack.key("overhead-co", "enterprise")["key"]
+            # The tier's quota is not what is measured here: room for 200 requests/s.
+            stack.cli(
+                "quota",
+                "set",
+                "--tenant",
+                "overhead-co",
+                "--rps",
+                "5000",
+                "--tpm",
+                "1000000000",
+                "--ttl",
+                "3600",
+                "--reason",
+                "bench/overhead.py",
+            )
             procs = stack_processes(stack)
             if redis is not None:
                 procs["redis"] = redis
@@ -389,6 +426,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_tokens": MAX_TOKENS,
         "idle_cores": idle_cores,
         "idle_seconds": args.idle,
+        "stack_env": dict(pair.split("=", 1) for pair in args.env),
         "rates": rates,
         "stages_ms": {str(r["rate"]): r["stages_ms"] for r in rates},
         "refusals": refused,
@@ -445,6 +483,13 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=15.0)
     parser.add_argument("--redis-port", type=int, default=6379)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        help="NAME=VALUE for every service of the stack (repeatable), e.g. "
+        "SEAWALL_CHUNK_MAX_INTERVAL_S=0.25",
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
