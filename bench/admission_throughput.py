@@ -111,6 +111,7 @@ import psutil
 import redis.asyncio as aioredis
 from _common import (
     EMBEDDED_BROKER,
+    commit,
     embedded_broker,
     fmt,
     machine,
@@ -943,6 +944,7 @@ def main() -> int:
     out = output_dir("admission_throughput", args.quick)
     doc = {
         "benchmark": "admission_throughput",
+        "commit": commit(),
         "measures": {
             "decisions_per_s": "(N - 1) / (last - first dispatch record CreateTime), N requests "
             "preloaded on the priority topics before admission started",

@@ -66,6 +66,7 @@ from _common import (
     HEALTHY_TEMP_C,
     HOT_TEMP_C,
     RESULTS,
+    commit,
     embedded_broker,
     engine_stats,
     fmt,
@@ -569,6 +570,7 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     doc = {
         "benchmark": "reaction",
+        "commit": commit(),
         "unit": "milliseconds",
         "measures": (
             "t0: the broker acked the first telemetry record past a threshold; "
