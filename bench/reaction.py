@@ -88,6 +88,7 @@ from schemas import (
     GpuStats,
     WorkerReport,
 )
+from seawall import embedded
 from seawall_client.kafka import ensure_topics
 from seawall_client.serde import encode
 from services.common.bus import make_producer, topics_of
@@ -166,6 +167,10 @@ class Followers:
             "kafka_bootstrap": settings.kafka_bootstrap,
             "kafka_idempotence": settings.kafka_idempotence,
             "topic_prefix": settings.topic_prefix,
+            "redis_url": settings.redis_url,
+            "redis_prefix": settings.redis_prefix,
+            "kafka_doorbell": settings.kafka_doorbell,
+            "consumer_fetch_busy_wait_ms": settings.consumer_fetch_busy_wait_ms,
         }
         self._procs = [
             ctx.Process(
@@ -422,6 +427,26 @@ async def measure(
     return out
 
 
+def stack_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``seawall up`` sets on the embedded broker (``--as-seawall-up``): the
+    doorbell and the busy fetch wait; nothing otherwise (every fetch waits 50 ms)."""
+    if not args.as_seawall_up:
+        return {}
+    return {"kafka_doorbell": True, "consumer_fetch_busy_wait_ms": embedded.FETCH_BUSY_WAIT_MS}
+
+
+def controller_env(args: argparse.Namespace, settings: CommonSettings) -> dict[str, str]:
+    if not args.as_seawall_up:
+        return {}
+    return {
+        "SEAWALL_KAFKA_DOORBELL": "true",
+        "SEAWALL_REDIS_URL": settings.redis_url,
+        "SEAWALL_REDIS_PREFIX": settings.redis_prefix,
+        "SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS": str(embedded.FETCH_BUSY_WAIT_MS),
+        "SEAWALL_CONTROLLER_FETCH_MAX_WAIT_MS": str(embedded.CONTROLLER_FETCH_WAIT_MS),
+    }
+
+
 def healthy(followers: Followers) -> bool:
     return followers.is_latest("admission", DEGRADATION_KEY, pool_healthy) and followers.is_latest(
         "worker", BREAKER_KEY, worker_healthy
@@ -430,12 +455,16 @@ def healthy(followers: Followers) -> bool:
 
 async def run(args: argparse.Namespace, workdir: Path) -> Samples:
     async with embedded_broker(workdir) as bootstrap:
+        tag = uuid.uuid4().hex[:8]
         settings = CommonSettings(
             _env_file=None,
             kafka_bootstrap=bootstrap,
             kafka_idempotence=False,
-            topic_prefix=f"bench{uuid.uuid4().hex[:8]}.",
+            topic_prefix=f"bench{tag}.",
             instance_id="bench-driver",
+            redis_url=args.redis,
+            redis_prefix=f"bench:{tag}:",
+            **stack_settings(args),
         )
         await ensure_topics(bootstrap, topics_of(settings).specs())
         followers = Followers(settings)
@@ -454,7 +483,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> Samples:
 async def with_controller(
     args: argparse.Namespace, settings: CommonSettings, followers: Followers, log: Path
 ) -> Samples:
-    controller = spawn_controller(settings, args.tick, args.time_scale, log)
+    controller = spawn_controller(
+        settings, args.tick, args.time_scale, log, env=controller_env(args, settings)
+    )
     producer = make_producer(settings)
     await producer.start()
     worker = FakeWorker(
@@ -534,6 +565,15 @@ def main() -> int:
     parser.add_argument(
         "--time-scale", type=float, default=0.01, help="SEAWALL_CONTROLLER_TIME_SCALE"
     )
+    parser.add_argument(
+        "--as-seawall-up",
+        action="store_true",
+        help="the settings seawall up gives the embedded broker: the doorbell (Redis "
+        "pub/sub), the 10 ms busy fetch wait, the controller's 250 ms telemetry wait",
+    )
+    parser.add_argument(
+        "--redis", default=os.environ.get("SEAWALL_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
     args = parser.parse_args()
 
     load_before = os.getloadavg()
@@ -597,6 +637,11 @@ def main() -> int:
             "pings_per_trial": args.pings,
             "idle_trials": args.idle_trials,
             "idle_s": args.idle_s,
+            "as_seawall_up": args.as_seawall_up,
+            "stack": stack_settings(args)
+            | {"controller_fetch_max_wait_ms": embedded.CONTROLLER_FETCH_WAIT_MS}
+            if args.as_seawall_up
+            else {"consumer_fetch_max_wait_ms": 50},
         },
         "machine": machine(load_before, broker=EMBEDDED_BROKER),
         "elapsed_s": elapsed,
