@@ -33,6 +33,7 @@ import redis.asyncio as aioredis
 from seawall import embedded
 from seawall_client.kafka import ensure_topics
 from seawall_client.topics import Topics
+from services.common import tracing
 from services.common.bus import topics_of, wait_for_broker
 from services.common.settings import CommonSettings
 
@@ -210,3 +211,14 @@ async def redis(settings: CommonSettings) -> AsyncIterator[aioredis.Redis]:
         if keys:
             await client.delete(*keys)
         await client.aclose()
+
+
+@pytest.fixture
+def trace_sink() -> Iterator[tracing.MemorySink]:
+    """Every span recorded in this process while the test runs (tracing on)."""
+    sink = tracing.MemorySink()
+    tracing.use([sink])
+    try:
+        yield sink
+    finally:
+        tracing.use([])

@@ -5,7 +5,6 @@ two Kafka hops (``services.common.tracing``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -33,18 +32,8 @@ WORKER = (
 DELIVERY = ("ingress.first_chunk", "ingress.reply")
 
 
-@pytest.fixture
-def sink() -> Iterator[tracing.MemorySink]:
-    sink = tracing.MemorySink()
-    tracing.use([sink])
-    try:
-        yield sink
-    finally:
-        tracing.use([])
-
-
 async def test_a_streamed_request_has_every_stage_under_its_parent(
-    settings: CommonSettings, sink: tracing.MemorySink
+    settings: CommonSettings, trace_sink: tracing.MemorySink
 ) -> None:
     from services.admission.service import Admission
 
@@ -73,12 +62,12 @@ async def test_a_streamed_request_has_every_stage_under_its_parent(
 
         def complete() -> bool:
             tracing.flush()
-            names = {s.name for s in sink.spans if s.trace_id == client_span.trace_id}
+            names = {s.name for s in trace_sink.spans if s.trace_id == client_span.trace_id}
             return {tracing.ROOT, *INGRESS, *ADMISSION, *WORKER, *DELIVERY} <= names
 
         await until(complete, timeout_s=10)
 
-    spans = [s for s in sink.spans if s.trace_id == client_span.trace_id]
+    spans = [s for s in trace_sink.spans if s.trace_id == client_span.trace_id]
     by_name = {s.name: s for s in spans}
     assert len(by_name) == len(spans), "each stage once"
     root = by_name[tracing.ROOT]

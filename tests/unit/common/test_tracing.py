@@ -4,7 +4,6 @@ bound; the stage breakdown ``seawall load`` prints."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,18 +15,8 @@ from services.common import tracing
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture
-def sink() -> Iterator[tracing.MemorySink]:
-    sink = tracing.MemorySink()
-    tracing.use([sink])
-    try:
-        yield sink
-    finally:
-        tracing.use([])
-
-
 def test_spans_of_a_sampled_trace_are_recorded_once_under_their_parent(
-    sink: tracing.MemorySink,
+    trace_sink: tracing.MemorySink,
 ) -> None:
     tracer = tracing.Tracer("ingress")
     root = tracer.begin(tracing.ROOT, None, 1_000, request_id="r1")
@@ -38,16 +27,16 @@ def test_spans_of_a_sampled_trace_are_recorded_once_under_their_parent(
     child.end(4_000)  # a second end records nothing
     root.end(5_000)
     tracing.flush()
-    publish, request = sink.spans
+    publish, request = trace_sink.spans
     assert (publish.name, publish.start_ns, publish.end_ns) == ("ingress.publish", 2_000, 3_000)
     assert publish.parent_id == root.context.span_id == request.span_id
     assert request.parent_id is None
     assert request.attributes == {"request_id": "r1"}
-    assert {s.trace_id for s in sink.spans} == {root.context.trace_id}
+    assert {s.trace_id for s in trace_sink.spans} == {root.context.trace_id}
 
 
 def test_a_client_that_did_not_sample_its_trace_gets_nothing_recorded(
-    sink: tracing.MemorySink,
+    trace_sink: tracing.MemorySink,
 ) -> None:
     tracer = tracing.Tracer("ingress")
     unsampled = tracecontext.new_trace(sampled=False)
@@ -56,7 +45,7 @@ def test_a_client_that_did_not_sample_its_trace_gets_nothing_recorded(
     assert span.context == unsampled
     span.end()
     tracing.flush()
-    assert sink.spans == []
+    assert trace_sink.spans == []
 
 
 def test_the_sample_rate_decides_for_traces_started_here() -> None:
