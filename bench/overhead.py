@@ -454,10 +454,21 @@ def plot(doc: Mapping[str, Any], path: Path) -> None:
         xs = [j + (i - 0.5) * 0.35 for j in x]
         ax1.bar(xs, p99, 0.35, alpha=0.35, color=f"C{i}")
         ax1.bar(xs, p50, 0.35, label=f"{arm} (p50 solid, p99 light)", color=f"C{i}")
+    for j, r in enumerate(rows):
+        added = r["added_ttft_ms"]["p50"]
+        if added is not None:
+            ax1.annotate(
+                f"+{added:.0f} ms",
+                (j + 0.17, r["seawall_ttft_ms"]["p50"] or 1),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+    ax1.set_yscale("log")
     ax1.set_xticks(list(x), labels)
-    ax1.set_ylabel("TTFT (ms)")
-    ax1.set_title("time to first token, direct vs through seawall")
-    ax1.legend()
+    ax1.set_ylabel("TTFT (ms, log scale)")
+    ax1.set_title("time to first token, direct vs through seawall (added p50 marked)")
+    ax1.legend(fontsize=8)
     names = sorted({n for r in rows for n in r["cpu_ms_per_request"] if n != "total"})
     bottom = [0.0] * len(rows)
     for j, name in enumerate(names):
@@ -491,7 +502,13 @@ def main() -> int:
         "SEAWALL_CHUNK_MAX_INTERVAL_S=0.25",
     )
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--replot", type=Path, help="only draw the plot of this results JSON, beside it"
+    )
     args = parser.parse_args()
+    if args.replot is not None:
+        plot(json.loads(args.replot.read_text()), args.replot.with_suffix(".png"))
+        return 0
     if args.quick:
         args.scale, args.idle, args.settle = 0.25, 5.0, 8.0
     doc = asyncio.run(run(args))
