@@ -143,10 +143,11 @@ class MemorySink:
 class FileSink:
     """JSON lines in ``directory``, one file per process (``<service>-<pid>.jsonl``),
     rotated once it passes ``max_bytes`` (the previous file kept as ``.1``): at most
-    twice ``max_bytes`` a process."""
+    twice ``max_bytes`` a process. Spans name tenants and request ids: the directory
+    and files are the owner's alone (0700, 0600)."""
 
     def __init__(self, directory: Path, service: str, max_bytes: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = directory / f"{service}-{os.getpid()}.jsonl"
         self._max_bytes = max_bytes
 
@@ -155,7 +156,8 @@ class FileSink:
         try:
             if self.path.exists() and self.path.stat().st_size + len(text) > self._max_bytes:
                 self.path.replace(self.path.with_name(self.path.name + ".1"))
-            with self.path.open("a", encoding="utf-8") as f:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
                 f.write(text)
         except OSError as e:  # a full disk loses spans, never a request
             log.warning("trace spans not written", extra={"error": str(e)})

@@ -71,6 +71,7 @@ def test_the_file_sink_rotates_and_keeps_one_old_file(tmp_path: Path) -> None:
     assert files == [sink.path.name, sink.path.name + ".1"]
     assert all(p.stat().st_size <= 3 * line for p in tmp_path.iterdir())
     assert len(list(tracing.read_spans(tmp_path))) <= 6
+    assert {p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {0o600}
 
 
 def _write(directory: Path, spans: list[tracing.FinishedSpan]) -> None:
