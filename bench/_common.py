@@ -249,12 +249,12 @@ def machine(loadavg_before: tuple[float, float, float], **extra: object) -> dict
 
 def commit() -> str:
     """The commit a benchmark ran on (``-dirty``: with uncommitted changes to tracked
-    files), for its JSON."""
+    files other than the results that benchmarks write), for its JSON."""
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
         capture_output=True,
         text=True,
         check=False,
