@@ -254,7 +254,15 @@ def commit() -> str:
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+        [
+            "git",
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ":(top)",
+            ":(top,exclude)bench/results",
+        ],
         capture_output=True,
         text=True,
         check=False,
