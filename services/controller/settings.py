@@ -35,10 +35,10 @@ class ControllerSettings(CommonSettings):
     that is longer (``ticks.EVALUATION_REST``)."""
     controller_fetch_max_wait_ms: int | None = Field(default=None, ge=1, le=10_000)
     """The fetch wait of the faust consumer that reads telemetry (faust's own, so no
-    doorbell wakes it); ``None``: ``consumer_fetch_max_wait_ms``. ``seawall up`` sets
-    250 on the embedded broker: a report then waits for the controller's next look at
-    the broker up to 125 ms (about 40 on average), against decisions taken on windows
-    of seconds, and the consumer polls 4 times a second instead of 20."""
+    doorbell wakes it); ``None``: ``consumer_fetch_max_wait_ms``. On the embedded broker
+    a report waits up to half of it for the controller's next look, and an idle
+    consumer polls 1000 / it times a second (``seawall.embedded.
+    CONTROLLER_FETCH_WAIT_MS`` says what was measured)."""
     controller_republish_s: float = Field(default=5.0, gt=0, le=3600)
     """How often the decisions in force are re-published (level-triggered)."""
     controller_valid_for_s: float = Field(default=60.0, gt=0, le=86_400)
