@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar, Final
 
 import redis.asyncio as aioredis
+from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from seawall_client.kafka import Consumer
@@ -49,6 +50,9 @@ changed (a new one's channel is subscribed within this)."""
 _CLIENT_REPLY = re.compile(r"llm\.reply\.[0-9a-f]{12}\.")
 """An SDK client's reply topic (``llm.reply.<key id>.<owner>``): read without Redis."""
 _NEVER_RUNG = ("llm.deadletter", "llm.audit", "llm.alerts")
+
+RINGS = Counter("seawall_doorbell_rings_total", "Topics rung (one PUBLISH each)")
+WAKES = Counter("seawall_doorbell_wakes_total", "Sleeping consumers woken by a ring")
 
 
 class Doorbell:
@@ -71,8 +75,6 @@ class Doorbell:
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_warning = -WARN_EVERY_S
-        self.rings = 0
-        self.wakes = 0
 
     @classmethod
     def shared(cls, redis_url: str, prefix: str) -> Doorbell:
@@ -128,7 +130,7 @@ class Doorbell:
                         for topic in topics:
                             pipe.publish(self._prefix + topic, b"")
                         await pipe.execute()
-                    self.rings += len(topics)
+                    RINGS.inc(len(topics))
                 except (RedisError, OSError) as e:
                     self._warn("could not ring", e)
         finally:
@@ -199,7 +201,7 @@ class Doorbell:
         topic = channel.decode(errors="replace")[len(self._prefix) :]
         for consumer in list(self._consumers):
             if topic in consumer.topics_read:
-                self.wakes += 1
+                WAKES.inc()
                 consumer.wake()
 
     async def close(self) -> None:
