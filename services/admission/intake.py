@@ -59,7 +59,7 @@ from services.common.delivery import Replies
 from services.common.failures import Backoff
 from services.common.lifecycle import cancel_tasks
 from services.common.offsets import OffsetTracker
-from services.common.tracing import now_ns
+from services.common.tracing import now_ns, produced_at_ns
 
 log = logging.getLogger(__name__)
 
@@ -204,43 +204,40 @@ class Intake:
             "admission-intake",
         )
         observe_lag("admission", consumer, batches)
-        decoded: list[tuple[TopicPartition, Record, InferenceRequest, Priority]] = []
+        decoded: list[
+            tuple[TopicPartition, Record, InferenceRequest, Priority, TraceContext | None]
+        ] = []
         read_ns = now_ns()
-        traces: dict[int, TraceContext] = {}
-        """Per traced record (by ``id``), the span its stages are recorded under."""
         for tp, records in batches.items():
             cls = self._class_of[tp.topic]
             for record in records:
                 self._offsets.track(tp, record.offset)
                 try:
-                    decoded.append((tp, record, decode(REQUEST, record.value), cls))
+                    request = decode(REQUEST, record.value)
                 except DecodeError as e:
                     self._answers.refuse(tp, record, None, cls, e)
                     continue
-                parent = tracecontext.from_headers(record.headers) if record.headers else None
-                if parent is not None and parent.sampled and TRACER.enabled:
-                    TRACER.record(
-                        "admission.read",
-                        parent,
-                        record.timestamp * 1_000_000,
-                        read_ns,
-                        request_id=decoded[-1][2].request_id,
-                    )
-                    traces[id(record)] = parent
+                trace = tracecontext.from_headers(record.headers)
+                TRACER.record(
+                    "admission.read",
+                    trace,
+                    produced_at_ns(record),
+                    read_ns,
+                    request_id=request.request_id,
+                )
+                decoded.append((tp, record, request, cls, trace))
         # One look at the broker's topics for the whole batch: nobody could receive an
         # answer on a reply topic that does not exist (no quota, no GPU for it).
         unusable = await retry_unavailable(
-            functools.partial(self._replies.check_many, (r.reply_to for *_, r, _ in decoded)),
+            functools.partial(self._replies.check_many, (d[2].reply_to for d in decoded)),
             self._backoff,
             "admission-intake",
         )
         items: list[Item] = []
-        for tp, record, request, cls in decoded:
+        for tp, record, request, cls, trace in decoded:
             error = unusable[request.reply_to]
             if error is None:
-                items.append(
-                    (tp, record.offset, request, record.value, cls, traces.get(id(record)))
-                )
+                items.append((tp, record.offset, request, record.value, cls, trace))
             else:
                 self._answers.refuse(tp, record, request, cls, error)
         return items

@@ -295,6 +295,17 @@ def now_ns() -> int:
     return time.time_ns()
 
 
+class _Timestamped(Protocol):
+    @property
+    def timestamp(self) -> int: ...
+
+
+def produced_at_ns(record: _Timestamped) -> int:
+    """When a Kafka record was produced (its CreateTime, in ms), in Unix nanoseconds:
+    where the span of the hop that brought it starts."""
+    return record.timestamp * 1_000_000
+
+
 class Span:
     """A stage under way; ``end`` records it (once). ``context`` is what the next hop's
     ``traceparent`` carries: this span's, or, where nothing is recorded here, its

@@ -52,7 +52,7 @@ from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.delivery import Replies, Undeliverable
 from services.common.lifecycle import Component
-from services.common.tracing import ROOT, Span, now_ns
+from services.common.tracing import ROOT, Span, now_ns, produced_at_ns
 from services.ingress import metrics as m
 from services.ingress.pipeline import Forged, IngressPipeline
 from services.ingress.policy.keys import KeyRecord
@@ -137,7 +137,7 @@ class KafkaIngress(Component):
     # -- the handler (services.common.consuming.Handler) ---------------------------
     async def decide(self, record: Record) -> _Effect:
         value = record.value or b""
-        produced = record.timestamp * 1_000_000
+        produced = produced_at_ns(record)
         root = TRACER.begin(ROOT, tracecontext.from_headers(record.headers), produced)
         TRACER.record("ingress.read", root.context, produced, now_ns())
         span = TRACER.start("ingress.authenticate", root.context)

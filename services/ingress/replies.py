@@ -28,6 +28,7 @@ from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.lifecycle import Component
 from services.common.settings import CommonSettings
+from services.common.tracing import produced_at_ns
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class ReplyRouter(Component):
         if outcome == "delivered" and self._produced:
             produced = self._produced.get(item.request_id)
             if produced is not None:
-                produced.append(record.timestamp * 1_000_000)
+                produced.append(produced_at_ns(record))
 
     async def effect(self, record: Record, decision: None) -> None:
         return None

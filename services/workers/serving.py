@@ -31,7 +31,7 @@ from services.common.delivery import Replies
 from services.common.failures import Backoff, is_infrastructure
 from services.common.offsets import OffsetTracker
 from services.common.tokenizer import count_tokens
-from services.common.tracing import now_ns
+from services.common.tracing import now_ns, produced_at_ns
 from services.workers import metrics as m
 from services.workers.answers import Answers
 from services.workers.claims import Busy, Done, Held
@@ -83,9 +83,8 @@ class Serving:
         or dead-lettered); then its offset may be committed."""
         rid: str | None = None
         run: Run | None = None
-        trace = tracecontext.from_headers(record.headers) if record.headers else None
-        if trace is not None:
-            TRACER.record("worker.read", trace, record.timestamp * 1_000_000, now_ns())
+        trace = tracecontext.from_headers(record.headers)
+        TRACER.record("worker.read", trace, produced_at_ns(record), now_ns())
         try:
             try:
                 dispatched = decode(DISPATCH, record.value)
