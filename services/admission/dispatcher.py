@@ -248,7 +248,7 @@ class Dispatcher:
             if not (ack.done() and ack.exception() is not None):  # the producer took it
                 self._capacity.dispatched(
                     verdict.dispatch.pool,
-                    w.request.request_id,
+                    w.request.scoped_id,
                     mono,
                     engine_cost(w.cost, verdict.dispatch.degradation),
                     placement.worker_id if placement is not None else None,

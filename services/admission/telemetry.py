@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from schemas.base import scoped_id
 from seawall_client.clock import Clock
 from seawall_client.serde import COMPLETION, TELEMETRY, decode
 from services.admission.policy.capacity import FleetCapacity
@@ -36,7 +37,9 @@ class TelemetryTail:
         now, capacity = self._clock.monotonic(), self._capacity
         if record.topic == self._completions_topic:
             done = decode(COMPLETION, record.value)
-            capacity.completed(done.worker_id, done.request_id, now, done.seq)
+            capacity.completed(
+                done.worker_id, scoped_id(done.tenant, done.request_id), now, done.seq
+            )
         else:
             capacity.observe(decode(TELEMETRY, record.value), now)
 

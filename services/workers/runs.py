@@ -46,7 +46,8 @@ class InHand:
         self.requests: dict[str, asyncio.Task[Any]] = {}
         """Record key (``partition:offset``) → the task that serves it."""
         self.runs: dict[str, Run] = {}
-        """Request id → the run of it in hand."""
+        """Request (``InferenceRequest.scoped_id``: ids are unique per tenant only) → the
+        run of it in hand."""
         self.prefilled_tokens_total = 0
         """Prompt tokens whose first token came (``EngineStats.prefilled_tokens_total``)."""
         self.capacity = asyncio.Condition()

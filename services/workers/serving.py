@@ -96,7 +96,7 @@ class Serving:
                     await self._shadowing.run(dispatched)
                     self.offsets.done(tp, record.offset)
                     return
-                rid = dispatched.request.request_id
+                rid = dispatched.request.scoped_id  # ids are unique per tenant only
                 if rid in self._in_hand.runs:  # redelivered while this worker runs it
                     self._answers.count("joined", dispatched.request)
                     self._in_hand.runs[rid].joined.append((tp, record.offset))
@@ -214,7 +214,7 @@ class Serving:
         generating = TRACER.start(
             "worker.generate", trace, generate_ns, generation=generation, worker=self.worker_id
         )
-        engine_request = engine_request_for(d, f"{req.request_id}#{generation}")
+        engine_request = engine_request_for(d, f"{req.scoped_id}#{generation}")
         run.engine_request_id = engine_request.request_id
         run.prefill_tokens = engine_request.prompt_tokens
         coalescer = Coalescer(self.settings.chunk_max_tokens, self.settings.chunk_max_interval_s)

@@ -61,7 +61,7 @@ def shadow_for(
 
 def shadow_key(d: DispatchedRequest) -> bytes:
     """Not the original's key: its partition is the original worker's."""
-    return f"shadow:{d.request.request_id}".encode()
+    return f"shadow:{d.request.scoped_id}".encode()
 
 
 def shadow_partition(
@@ -73,7 +73,7 @@ def shadow_partition(
     others = sorted(set(partitions) - set(owned))
     if not others:
         return None
-    digest = hashlib.blake2b(d.request.request_id.encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(d.request.scoped_id.encode(), digest_size=8).digest()
     return others[int.from_bytes(digest) % len(others)]
 
 
@@ -91,7 +91,7 @@ async def run_shadow(
         return "stale"
     parts: list[str] = []
     try:
-        async for out in engine.generate(engine_request_for(d, f"{d.request.request_id}#shadow")):
+        async for out in engine.generate(engine_request_for(d, f"{d.request.scoped_id}#shadow")):
             parts.append(out.text)
             if out.finished and out.finish_reason not in ("stop", "length"):
                 return "incomplete"

@@ -130,6 +130,50 @@ async def test_kafka_ingress_answers_on_the_producers_own_reply_topic(stack: Sta
     assert reply.completion_tokens == 10
 
 
+async def test_two_tenants_choosing_the_same_request_ids_are_each_answered(
+    stack: Stack,
+) -> None:
+    """Request ids are unique per tenant only. Two signed producers of two tenants send
+    ids 1..8 at the same moment: same ids, same dispatch partition, the same worker at
+    once — each tenant gets its own eight answers, each request its own engine run."""
+    ids = [str(i) for i in range(1, 9)]
+    topics = topics_of(stack.settings)
+    keys = [stack.key(f"twin-{uuid.uuid4().hex[:6]}", "pro") for _ in range(2)]
+    async with (
+        ReplyReader(stack.settings, topics, owner=f"{keys[0]['key_id']}.producer-a") as a,
+        ReplyReader(stack.settings, topics, owner=f"{keys[1]['key_id']}.producer-b") as b,
+    ):
+        producer = make_producer(stack.settings)
+        await producer.start()
+        try:
+            sends = []
+            for rid in ids:
+                for key, reader in ((keys[0], a), (keys[1], b)):
+                    value = encode(
+                        InferenceRequest(
+                            request_id=rid,
+                            tenant="ignored-ingress-uses-the-key",
+                            api_key_id=key["key_id"],
+                            prompt=f"tell {reader.topic} about request {rid}",
+                            sampling=SamplingParams(max_tokens=24),
+                            reply_to=reader.topic,
+                            created_at=time.time(),
+                        )
+                    )
+                    headers = signing.sign(key["key"], key["key_id"], value, time.time())
+                    sends.append(await producer.send(topics.ingress, value, headers=headers))
+            await asyncio.gather(*sends)
+        finally:
+            await producer.stop()
+        await asyncio.gather(a.wait_terminals(8, timeout_s=90), b.wait_terminals(8, timeout_s=90))
+    for reader in (a, b):
+        assert sorted(reader.terminals) == sorted(ids)
+        for rid in ids:
+            (reply,) = reader.terminals[rid]
+            assert reply.status is ReplyStatus.OK, reply
+            assert reply.completion_tokens == 24
+
+
 async def test_the_sdk_completes_and_streams_through_the_stack(stack: Stack) -> None:
     key = stack.key("acme-sdk", "enterprise")
     async with SeawallClient(api_key=key["key"], kafka=stack.settings.kafka) as client:

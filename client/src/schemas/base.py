@@ -27,6 +27,16 @@ TokenCount = Annotated[int, Field(ge=0, le=1_048_576)]
 Ident = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")
 ]
+
+
+def scoped_id(tenant: str, request_id: str) -> str:
+    """A request id unique across tenants: a producer's ``request_id`` is unique for
+    its tenant only, so whatever holds requests of several tenants side by side (a
+    worker's runs, an engine, admission's ledger of dispatches) keys them by this.
+    ``|`` is not an ``Ident`` character: no two (tenant, id) pairs give the same key."""
+    return f"{tenant}|{request_id}"
+
+
 #: A Kafka topic name (Kafka's own rule: [a-zA-Z0-9._-], at most 249 characters).
 TopicName = Annotated[
     str, StringConstraints(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")

@@ -16,6 +16,7 @@ from schemas.base import (
     Timestamp,
     TopicName,
     Wire,
+    scoped_id,
 )
 from schemas.signed import RECORD_HEADERS
 
@@ -126,6 +127,11 @@ class InferenceRequest(Message):
         for it), else its request id, so that session-less work spreads over the pool —
         keyed by tenant, a large tenant's whole load would land on one worker."""
         return self.session_id or self.request_id
+
+    @property
+    def scoped_id(self) -> str:
+        """Its id unique across tenants (``base.scoped_id``)."""
+        return scoped_id(self.tenant, self.request_id)
 
     def expired(self, now: float) -> bool:
         """Past its deadline at ``now`` (the deadline itself counts as past): the one

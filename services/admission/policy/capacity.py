@@ -215,7 +215,8 @@ class FleetCapacity:
                 self.observe(part, now)
 
     def completed(self, worker_id: str, request_id: str, now: float, seq: int = 0) -> None:
-        """A ``RequestCompleted``: the slot is free, and the request leaves the ledger.
+        """A ``RequestCompleted``: the slot is free, and the request (``request_id``: its
+        ``scoped_id``) leaves the ledger.
         Numbered (``seq`` > 0), it counts against the worker's latest report only if
         that report does not reflect it; unnumbered, it counts as read after it."""
         w = self._heard_from(worker_id, now)

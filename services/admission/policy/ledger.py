@@ -101,7 +101,8 @@ class _Placed:
 
 
 class Ledger:
-    """Request id → ``Entry``, oldest first, by worker and in slices (module notes)."""
+    """Request (``InferenceRequest.scoped_id``: ids are unique per tenant only) →
+    ``Entry``, oldest first, by worker and in slices (module notes)."""
 
     def __init__(self) -> None:
         self._entries: dict[str, Entry] = {}

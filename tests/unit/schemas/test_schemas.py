@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from schemas import TOP_LEVEL, InferenceRequest, SamplingParams
-from schemas.base import Message
+from schemas.base import Message, scoped_id
 from schemas.export import JSON_DIR, expected_files, schema_of, stale_files
 from tests.strategies import from_schema
 
@@ -185,3 +185,12 @@ def test_session_less_requests_of_one_tenant_spread_over_partitions() -> None:
     assert session.partition_key == "chat-7"
     # On the ingress and priority topics a tenant's session-less records share a key.
     assert InferenceRequest.model_validate(_request()).partition_key == "acme"
+
+
+IDENTS = st.from_regex(r"\A[A-Za-z0-9._:@/-]{1,128}\Z")
+
+
+@given(IDENTS, IDENTS, IDENTS, IDENTS)
+def test_scoped_ids_of_different_requests_differ(t1: str, r1: str, t2: str, r2: str) -> None:
+    """Two tenants may choose the same id; what holds both keys them apart."""
+    assert (scoped_id(t1, r1) == scoped_id(t2, r2)) == ((t1, r1) == (t2, r2))
