@@ -37,8 +37,6 @@ class Waiting(Queued):
     """The class of the topic it was read from (what pauses that topic)."""
     accepted: Accepted
     since: float
-    replayed: bool = False
-    """Charged by an earlier delivery: nothing is reserved or refunded again."""
     trace: TraceContext | None = None
     """The span its record named as its cause (``traceparent``), under which admission
     records its stages, if traced."""

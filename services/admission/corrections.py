@@ -1,18 +1,38 @@
 """Admission's corrections: each tenant's tokens bucket set right once its request ends.
 
-``RequestCompleted`` (``llm.completions``) is read with the group
-``<prefix>seawall.admission.completions`` (so once per fleet): the tokens reserved at
-admission (kept in Redis per request, see ``RedisKeys.reservation``) are taken and the
-tenant's bucket corrected by ``actual − reserved``. Taking the reservation
-(GET+DEL in one transaction) makes a redelivered completion correct nothing twice.
-A request refused after it was charged (expired, cancelled, breaker, revoked) has its
-tokens refunded the same way (the request count is not refunded).
+A request's charge writes its reservation (the tokens taken, ``RedisKeys.reservation``)
+beside its charge marker (``RedisKeys.admitted``: a later copy of the request replays
+the charge and pays nothing). From there, ``settle.lua`` keeps one rule — *a charge is
+made once, corrected once, and refunded only when the request will never run*:
+
+- *sent*: once the broker has taken a request's dispatch, its reservation is marked
+  sent; from then on only its completion settles it.
+- *corrected*: ``RequestCompleted`` (``llm.completions``, read with the group
+  ``<prefix>seawall.admission.completions``, so once per fleet) takes the reservation
+  and corrects the tenant's bucket by ``actual − reserved``; a redelivered completion
+  finds nothing to take.
+- *refunded*: a request refused after it was charged (expired, cancelled, breaker,
+  revoked key) gets its tokens back — unless a copy of it was already sent (produced
+  twice, or redelivered after a crash): then it will run, and its completion settles
+  it. The request count is not refunded. The reservation stays, marked refunded: a
+  copy that replays the charge later and runs is charged what it used at completion.
+- *neither*: a waiting request dropped because its partition was revoked or the service
+  stops is not committed; its next owner replays its charge and it goes on as if never
+  dropped. Refunding it (as this did before) left the marker behind: the replay paid
+  nothing, the completion found no reservation, and the tokens were never charged.
+
+Whatever the order, the tokens charged come to what the requests served used
+(``tests/integration/admission/test_settlement.py``). Left open: a request refunded,
+then run from another copy, holds no tokens between its dispatch and its completion;
+a completion later than ``reservation_ttl_s`` finds nothing to correct (the
+reservation stays charged).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -30,11 +50,21 @@ from services.admission.quota import QuotaUnavailable, RedisQuota
 from services.common.consuming import Record
 from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
+from services.common.lua import Lua
+from services.common.redisclient import by_slot
 
 log = logging.getLogger(__name__)
 
 STORE_ERRORS = (redis.exceptions.RedisError, OSError)
 """What a Redis call raises when the store is unavailable."""
+
+SCRIPT = resources.files("services.admission").joinpath("settle.lua").read_text(encoding="utf-8")
+
+
+def _reserved(value: bytes | str) -> tuple[float, bool]:
+    """A reservation's tokens, and whether they were refunded (``settle.lua``)."""
+    text = value.decode() if isinstance(value, bytes) else value
+    return float(text.rstrip("dr")), text.endswith("r")
 
 
 class Corrections:
@@ -59,38 +89,65 @@ class Corrections:
         self._tiers = tiers
         self._clock = clock
         self._finish = finish
+        self._script = Lua(redis, SCRIPT)
 
     def refund(self, w: Waiting) -> None:
-        if w.accepted.reserved_tokens > 0 and not w.replayed:
+        """``w`` was refused after its charge: give its tokens back, in the background,
+        unless a copy of it was sent (module notes)."""
+        if w.accepted.reserved_tokens > 0:
             self._finish(self.settle_refund(w))
 
     async def settle_refund(self, w: Waiting) -> None:
+        tenant, rid = w.request.tenant, w.request.request_id
         try:
-            await self.settle(w.request.tenant, w.request.tier, w.request.request_id, 0)
+            reserved = await self._script([self._keys.reservation(tenant, rid)], ["refund"])
+            if reserved is None:
+                m.CORRECTIONS.labels("not_refunded").inc()
+                return
+            await self._adjust(tenant, w.request.tier, -_reserved(reserved)[0], "refunded")
         except (QuotaUnavailable, *STORE_ERRORS) as e:
             m.QUOTA_STORE_ERRORS.labels("correct").inc()
             log.warning("token refund lost", extra={"error": str(e)})
 
+    def sent(self, sent: Sequence[Waiting]) -> None:
+        """The broker took these requests' dispatches: mark their reservations sent, in
+        the background (one script call per Redis Cluster slot)."""
+        keys = [
+            self._keys.reservation(w.request.tenant, w.request.request_id)
+            for w in sent
+            if w.accepted.reserved_tokens > 0
+        ]
+        if keys:
+            self._finish(self._mark_sent(keys))
+
+    async def _mark_sent(self, keys: list[str]) -> None:
+        try:
+            await self._script.many([(group, ["sent"]) for group in by_slot(self._redis, keys)])
+        except STORE_ERRORS as e:
+            m.QUOTA_STORE_ERRORS.labels("mark_sent").inc()
+            log.warning("reservations not marked sent", extra={"error": str(e)})
+
     async def settle(self, tenant: str, tier: Tier, request_id: str, actual: float) -> None:
         """Take a request's reservation and correct its tenant's tokens bucket. Raises
         when Redis is unavailable (the corrections loop tries again)."""
-        key = self._keys.reservation(tenant, request_id)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.get(key)
-            pipe.delete(key)
-            reserved, _ = await pipe.execute()
+        reserved = await self._script([self._keys.reservation(tenant, request_id)], ["take"])
         if reserved is None:
             m.CORRECTIONS.labels("not_found").inc()
             return
+        tokens, refunded = _reserved(reserved)
+        await self._adjust(tenant, tier, actual if refunded else actual - tokens, "corrected")
+
+    async def _adjust(self, tenant: str, tier: Tier, delta: float, outcome: str) -> None:
+        """Correct a tenant's tokens bucket by ``delta`` (its reservation is taken)."""
         config = self._policy.tenant_config(tenant, tier, self._control, self._clock.time())
         try:
-            await self._quota.adjust(tenant, config or self._tiers[tier], actual - float(reserved))
+            await self._quota.adjust(tenant, config or self._tiers[tier], delta)
         except QuotaUnavailable as e:
             # The reservation is taken: trying again would find nothing to correct.
             m.QUOTA_STORE_ERRORS.labels("correct").inc()
             log.warning("token correction lost", extra={"error": str(e)})
             return
-        m.CORRECTIONS.labels("corrected" if actual else "refunded").inc()
+        m.CORRECTIONS.labels(outcome).inc()
 
 
 class CompletionsHandler:

@@ -266,6 +266,7 @@ class Dispatcher:
         # Awaited one by one, not gathered: a batch's records share its future, and a
         # gather would schedule a callback per record.
         admitted: list[tuple[str, str, Priority, InferenceRequest, str, Priority]] = []
+        taken: list[Waiting] = []
         for w, admit, future, span in sends:
             try:
                 await future
@@ -277,12 +278,14 @@ class Dispatcher:
                 continue
             if span is not None:
                 span.end()
+            taken.append(w)
             self._offsets.done(w.tp, w.offset)
             outcome = "admitted" if admit.reason is ReasonCode.NONE else "degraded"
             reason = admit.reason.value
             admitted.append(
                 (outcome, reason, w.source, w.request, admit.dispatch.pool, w.accepted.cls)
             )
+        self._corrections.sent(taken)  # from now on only its completion settles it
         m.dispatched(admitted)
         if unsent:
             log.warning(

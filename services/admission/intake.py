@@ -16,9 +16,9 @@ the rest of its backlog waits in Kafka.
 Offsets of the priority topics are committed only once each record's effect — its
 dispatch or its terminal reply or its dead letter — is acknowledged by the broker.
 Records held in the backlog, or with their charges in flight, when partitions are
-revoked or the service stops are not committed: the next owner decides them again (its
-quota charge is then the second one, so a rebalance can only make admission stricter,
-never looser).
+revoked or the service stops are not committed: the next owner decides them again, and
+its charge replays the first one (nothing paid twice; the reservation made then waits
+for the request's completion, ``corrections``).
 """
 
 from __future__ import annotations
@@ -309,7 +309,6 @@ class Intake:
                         cls,
                         judged,
                         self._clock.monotonic(),
-                        c.replayed,
                         trace,
                         judged_ns,
                     )
@@ -369,10 +368,10 @@ class Intake:
             await self.commit_done()
 
     async def revoked(self, revoked: list[TopicPartition]) -> None:
-        """Partitions taken away: commit what is done, drop what waits (its new owner
-        decides it again) and give back its tokens."""
+        """Partitions taken away: commit what is done, drop what waits. Its new owner
+        decides it again, replaying its charge: its tokens stay reserved for it
+        (``corrections``)."""
         await self.commit_done()
         self._offsets.forget(revoked)
         gone = set(revoked)
-        for w in self._backlog.remove(lambda w: w.tp in gone):
-            self._corrections.refund(w)
+        self._backlog.remove(lambda w: w.tp in gone)

@@ -88,7 +88,8 @@ QUOTA_STORE_ERRORS = Counter(
 )
 CORRECTIONS = Counter(
     "seawall_admission_token_corrections_total",
-    "Token reservations settled: corrected at completion, refunded, or not found",
+    "Token reservations settled: corrected at completion, refunded, not refunded (a copy "
+    "was sent: its completion settles it), or not found",
     ["outcome"],
 )
 

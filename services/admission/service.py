@@ -30,7 +30,6 @@ a backoff (a quota store that stays down falls back to the tiers' Redis-down pol
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -43,7 +42,7 @@ from seawall_client.topics import RedisKeys
 from services.admission.answers import Answers
 from services.admission.backlog import Backlog
 from services.admission.control_reactions import ControlReactions
-from services.admission.corrections import STORE_ERRORS, CompletionsHandler, Corrections
+from services.admission.corrections import CompletionsHandler, Corrections
 from services.admission.dispatcher import Dispatcher
 from services.admission.hint_publisher import HintPublisher
 from services.admission.intake import Intake
@@ -247,13 +246,12 @@ class Admission(Component):
 
     async def on_stop(self) -> None:
         await cancel_tasks(self._loops)
-        waiting = self._backlog.drain()
+        self._backlog.drain()
         if self._finishing:
             await asyncio.wait(self._finishing, timeout=self.settings.shutdown_grace_s)
         try:
-            # Not committed: the next owner decides them again; give back their tokens.
-            with contextlib.suppress(*STORE_ERRORS):
-                await asyncio.gather(*(self._corrections.settle_refund(w) for w in waiting))
+            # ``waiting`` is not committed: the next owner decides it again, replaying its
+            # charge, so its tokens stay reserved for it (``corrections``).
             await self._intake.commit_done()
         finally:
             for part in self._parts:

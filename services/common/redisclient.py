@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 
 from services.common.settings import CommonSettings
 
@@ -70,3 +71,14 @@ async def exists_each(redis: aioredis.Redis, keys: Sequence[str]) -> list[bool]:
     else:
         values = await redis.mget(keys)
     return [v is not None for v in values]
+
+
+def by_slot(redis: aioredis.Redis, keys: Sequence[str]) -> list[list[str]]:
+    """``keys`` in groups that one script call may touch together: all of them on a
+    single Redis, one group per hash slot on a cluster."""
+    if not isinstance(redis, RedisCluster):
+        return [list(keys)] if keys else []
+    groups: dict[int, list[str]] = {}
+    for key in keys:
+        groups.setdefault(key_slot(key.encode()), []).append(key)
+    return list(groups.values())

@@ -1,0 +1,116 @@
+"""Admission replicas restarted mid-backlog — one stopped with SIGTERM, one killed with
+SIGKILL — in front of a real worker (simulated engine) on the real broker and Redis:
+every request is answered, and the tokens the tenant's bucket lost are exactly those
+its requests used (``corrections``: a charge made once, corrected once, refunded only
+when the request will never run).
+
+Before, a stop refunded the requests waiting in its backlog but kept their charge
+markers: their next owner replayed the charge for free, and their completions found
+nothing to correct — every one of them ran on tokens nobody paid."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from schemas import Priority, ReplyStatus, Tier
+from seawall_client.topics import RedisKeys, Topics
+from services.admission.quota import quota_key
+from services.common.settings import CommonSettings
+from tests.admission_helpers import inference_request, send_all, started
+from tests.fleet import ReplyReader, sim_worker, worker_settings
+
+pytestmark = pytest.mark.integration
+
+TENANT = "steady-co"
+N = 120
+CAPACITY = 1e9
+QUOTA = {
+    "requests": {"capacity": 1e6, "rate": 0.001},
+    "tokens": {"capacity": CAPACITY, "rate": 0.001},
+}
+
+
+def spawn(settings: CommonSettings, name: str, log: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
+    env.update(
+        SEAWALL_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+        SEAWALL_KAFKA_IDEMPOTENCE=str(settings.kafka_idempotence).lower(),
+        SEAWALL_TOPIC_PREFIX=settings.topic_prefix,
+        SEAWALL_REDIS_URL=settings.redis_url,
+        SEAWALL_REDIS_PREFIX=settings.redis_prefix,
+        SEAWALL_INSTANCE_ID=name,
+        SEAWALL_LOG_FORMAT="json",
+        SEAWALL_COMMIT_INTERVAL_S="0.2",
+        SEAWALL_QUOTA_PRO=json.dumps(QUOTA),
+    )
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.admission"], env=env, stdout=out, stderr=out
+        )
+
+
+async def test_tokens_charged_match_the_tokens_used_across_admission_restarts(
+    settings: CommonSettings, topics: Topics, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    procs = [spawn(settings, f"adm-{i}", tmp_path / f"adm-{i}.log") for i in range(2)]
+    restarts = 0
+    try:
+        async with (
+            started(sim_worker(worker_settings(settings, batch_limit=4))),
+            ReplyReader(settings, topics) as client,
+        ):
+            requests = [
+                inference_request(
+                    f"s{i}", client.topic, tenant=TENANT, tier=Tier.PRO, max_tokens=12
+                ).model_copy(update={"session_id": uuid.uuid4().hex})
+                for i in range(N)
+            ]
+            await send_all(settings, topics.requests(Priority.STANDARD), requests)
+            deadline = time.monotonic() + 150
+            # A stop, then a kill, each while most of the backlog still waits.
+            for at, sig in ((N // 5, signal.SIGTERM), (2 * N // 5, signal.SIGKILL)):
+                while len(client.terminals) < at:
+                    assert time.monotonic() < deadline, f"{len(client.terminals)} answered"
+                    await client.poll(100)
+                victim = restarts % 2
+                procs[victim].send_signal(sig)
+                procs[victim].wait(timeout=30)
+                restarts += 1
+                procs[victim] = spawn(settings, f"adm-{victim}", tmp_path / f"adm-{victim}.log")
+            await client.wait_terminals(N, timeout_s=max(1.0, deadline - time.monotonic()))
+            # Every completion settled: no reservation of the tenant's is left.
+            keys = RedisKeys(settings.redis_prefix)
+            reservations = [keys.reservation(TENANT, r.request_id) for r in requests]
+            while await redis.exists(*reservations):
+                assert time.monotonic() < deadline, "completions not settled"
+                await asyncio.sleep(0.2)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    assert restarts == 2
+    used = 0
+    for r in requests:
+        reply = client.terminals[r.request_id][0]
+        assert reply.status is ReplyStatus.OK, reply
+        used += reply.prompt_tokens + reply.completion_tokens
+    level = await redis.hget(quota_key(settings.redis_prefix, TENANT, "tokens"), "tokens")
+    assert level is not None
+    print(f"\n{N} requests used {used} tokens; the bucket lost {CAPACITY - float(level):.1f}")
+    assert CAPACITY - float(level) == pytest.approx(used, abs=1.0)
