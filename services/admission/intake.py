@@ -84,7 +84,7 @@ class _Charging:
     """A screened batch whose charges are with Redis (``None``: Redis unreachable)."""
 
     screened: list[ScreenedItem]
-    charged: asyncio.Task[list[Charged] | None]
+    charged: asyncio.Task[list[Charged] | Exception | None]
     sent_ns: int
     """When the charges were sent (for the traced requests' ``admission.charge``)."""
 
@@ -285,6 +285,9 @@ class Intake:
         for i, (tp, offset, request, value, cls, trace, s) in enumerate(screened):
             if trace is not None:
                 TRACER.record("admission.charge", trace, charging.sent_ns, judged_ns)
+            if isinstance(charged, Exception):  # the call itself was wrong: each answered
+                self._answers.fail(tp, offset, request, cls, charged)
+                continue
             if charged is None:  # Redis down: the tier's policy; no region check
                 c = Charged(
                     on_redis_down(s.tenant.config.tier, self._settings.quota_retry_after_s), None
@@ -333,8 +336,10 @@ class Intake:
             int(self._settings.reservation_ttl_s * 1000),
         )
 
-    async def _charge(self, charges: list[Charge]) -> list[Charged] | None:
-        """One pipelined round of quota charges; ``None`` when Redis is unreachable."""
+    async def _charge(self, charges: list[Charge]) -> list[Charged] | Exception | None:
+        """One pipelined round of quota charges; ``None`` when Redis is unreachable (each
+        tier's fallback applies); the error when Redis refused the call itself (each of
+        its requests is answered with it: never a reason for the loop to stop)."""
         started = self._clock.monotonic()
         try:
             charged = await self._quota.charge_many(charges)
@@ -342,6 +347,10 @@ class Intake:
             m.QUOTA_STORE_ERRORS.labels("decide").inc()
             log.warning("quota store unavailable; per-tier policy applies", extra={"error": str(e)})
             return None
+        except Exception as e:
+            m.QUOTA_STORE_ERRORS.labels("refused").inc()
+            log.error("the quota store refused the charges", extra={"error": repr(e)[:300]})
+            return e
         finally:
             m.QUOTA_LATENCY.observe(self._clock.monotonic() - started)
         if log.isEnabledFor(logging.DEBUG):

@@ -10,9 +10,12 @@ no region. Each (tenant, dimension) is one hash, ``<prefix>quota:{<tenant>}:<dim
 the braces are a Redis Cluster hash tag, so a tenant's keys share a slot (the script
 touches several) while tenants spread over the cluster. Region buckets have their own
 namespace, ``<prefix>region:{<region>}:<dimension>`` (a tenant cannot share a region's
-keys by its name); a charge with a region touches two slots, which Redis Cluster refuses
-in one script — region throttles are for a single Redis, or a cluster whose region and
-tenant keys an operator co-locates.
+keys by its name). On a single Redis a charge with a region is one script call. On a
+Redis Cluster the two live in different slots, which no script may span: the region is
+charged first, then the tenant, and the region is given back what it was charged for a
+request whose tenant refused it or had already paid (a replay) — the same outcomes,
+decided in two steps (a stop between them leaves a region charged for a request it did
+not serve, until its bucket refills).
 
 Idempotent: a charge may carry its request's marker key (``RedisKeys.admitted``, in the
 tenant's slot). The script records the outcomes there (with a TTL past the request's
@@ -22,8 +25,11 @@ carry its request's reservation key (``RedisKeys.reservation``, in the tenant's 
 the tokens it charged the tenant are written there in the same step, so a charge is
 never made without the record its completion corrects it from.
 
-When Redis cannot be reached the methods raise ``QuotaUnavailable``; the caller then
-applies ``on_redis_down``, the per-tier fallback:
+When Redis cannot serve — unreachable, timing out, failing over, at ``maxmemory``,
+busy (``failures.redis_unavailable``) — the methods raise ``QuotaUnavailable``; any
+other Redis error says the call itself was wrong and is raised as it is (admission
+answers the requests of that call with it). On ``QuotaUnavailable`` the caller applies
+``on_redis_down``, the per-tier fallback:
 
 - enterprise: fail open (admit) — its capacity is contractual, and an outage of the
   quota store must not become an outage of the paying customer;
@@ -38,14 +44,13 @@ absorb, and the breakers still trip on load.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Literal, cast
 
 import redis.asyncio as aioredis
-import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
@@ -68,7 +73,7 @@ from services.admission.policy.bucket import (
     redis_clock,
 )
 from services.admission.policy.charges import Assessed, Charge, Charged, QuotaRequest
-from services.common.failures import StoreUnavailable
+from services.common.failures import StoreUnavailable, redis_unavailable
 from services.common.lua import Call, Lua
 
 __all__ = [
@@ -84,12 +89,6 @@ __all__ = [
 
 SCRIPT = resources.files("services.admission").joinpath("bucket.lua").read_text(encoding="utf-8")
 
-_UNREACHABLE = (
-    redis.exceptions.ConnectionError,  # includes BusyLoadingError
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ReadOnlyError,  # a replica during failover
-    redis.exceptions.ClusterDownError,
-)
 
 REDIS_DOWN_OUTCOME: Mapping[Tier, Outcome] = {
     Tier.ENTERPRISE: "admit",
@@ -141,7 +140,9 @@ class Adjustment:
 def _store_errors() -> Iterator[None]:
     try:
         yield
-    except _UNREACHABLE as exc:
+    except Exception as exc:
+        if not redis_unavailable(exc):
+            raise
         raise QuotaUnavailable(f"quota store unreachable ({type(exc).__name__})") from exc
 
 
@@ -222,6 +223,31 @@ class _Call:
         return self.keys, [self.mode, margin, figures]
 
 
+KeyOf = Callable[[str, str, Dimension], str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """What one charge of the script decides: its bucket pairs (a region's first, if
+    it has two), its marker and its reservation (key, TTL in ms)."""
+
+    groups: tuple[tuple[QuotaRequest, KeyOf], ...]
+    marker: tuple[str, int] | None = None
+    reservation: tuple[str, int] | None = None
+
+    @staticmethod
+    def of(charge: Charge, *, region: bool = True) -> _Part:
+        """The whole charge (``region``: with its region's pair, if it has one)."""
+        groups: tuple[tuple[QuotaRequest, KeyOf], ...] = ((charge.tenant, quota_key),)
+        if region and charge.region is not None:
+            groups = ((charge.region, region_key), *groups)
+        return _Part(
+            groups,
+            None if charge.marker is None else (charge.marker, charge.marker_ttl_ms),
+            None if charge.reservation is None else (charge.reservation, charge.reservation_ttl_ms),
+        )
+
+
 def _decision(
     item: QuotaRequest, outcome: str, now: float, figures: Sequence[bytes | str]
 ) -> QuotaDecision:
@@ -259,44 +285,53 @@ class RedisQuota:
         self._script = Lua(redis, SCRIPT)
         self._cluster = isinstance(redis, RedisCluster)
 
-    def _slot_of(self, charge: Charge) -> int:
-        """The call a charge joins: on a cluster, its tenant's hash slot (a script's keys
-        must share one); on a single Redis, any."""
+    def _slot_of(self, part: _Part) -> int:
+        """The call a part joins: on a cluster, the hash slot of its (last) bucket pair
+        (a script's keys must share one); on a single Redis, any."""
         if not self._cluster:
             return 0
-        return key_slot(quota_key(self._prefix, charge.tenant.tenant, "requests").encode())
+        item, key = part.groups[-1]
+        return key_slot(key(self._prefix, item.tenant, "requests").encode())
 
-    def _calls(self, charges: Sequence[Charge]) -> list[tuple[_Call, list[int]]]:
-        """The script calls deciding ``charges``, each with the indices of its charges."""
+    def _calls(
+        self, parts: Sequence[_Part], mode: Literal["take", "adjust"] = "take"
+    ) -> list[tuple[_Call, list[int]]]:
+        """The script calls deciding ``parts``, each with the indices of its parts."""
         open_calls: dict[int, tuple[_Call, list[int]]] = {}
         calls: list[tuple[_Call, list[int]]] = []
-        for index, charge in enumerate(charges):
-            slot = self._slot_of(charge)
+        for index, part in enumerate(parts):
+            slot = self._slot_of(part)
             current = open_calls.get(slot)
             if current is None or current[0].size >= CHARGES_PER_CALL:
-                current = open_calls[slot] = (_Call("take"), [])
+                current = open_calls[slot] = (_Call(mode), [])
                 calls.append(current)
-            self._add(current[0], charge)
+            self._add(current[0], part, mode)
             current[1].append(index)
         return calls
 
-    def _add(self, call: _Call, charge: Charge) -> None:
+    def _add(self, call: _Call, part: _Part, mode: Literal["take", "adjust"]) -> None:
         buckets: list[tuple[str, float, Limit]] = []
-        groups = [(charge.region, region_key)] if charge.region is not None else []
-        for item, key in [*groups, (charge.tenant, quota_key)]:
-            check_cost(item.requests)
-            check_cost(item.tokens)
+        for item, key in part.groups:
             costs = item.costs
-            buckets += (
-                (key(self._prefix, item.tenant, d), costs[d], item.config.limit(d))
-                for d in DIMENSIONS
-            )
+            for d in DIMENSIONS:
+                (check_cost if mode == "take" else check_delta)(costs[d])
+                buckets.append((key(self._prefix, item.tenant, d), costs[d], item.config.limit(d)))
         call.add(
-            buckets,
-            len(DIMENSIONS) if charge.region is not None else 0,
-            None if charge.marker is None else (charge.marker, charge.marker_ttl_ms),
-            None if charge.reservation is None else (charge.reservation, charge.reservation_ttl_ms),
+            buckets, len(DIMENSIONS) if len(part.groups) == 2 else 0, part.marker, part.reservation
         )
+
+    async def _run(
+        self, parts: Sequence[_Part], mode: Literal["take", "adjust"] = "take"
+    ) -> list[Sequence[bytes | str]]:
+        """Each part's reply from the script, in order: one pipelined round trip."""
+        calls = self._calls(parts, mode)
+        with _store_errors():
+            replies = await self._script.many([call.call(self._margin) for call, _ in calls])
+        out: list[Sequence[bytes | str] | None] = [None] * len(parts)
+        for (_, indices), reply in zip(calls, replies, strict=True):
+            for index, one in zip(indices, reply, strict=True):
+                out[index] = one
+        return cast(list[Sequence[bytes | str]], out)
 
     @staticmethod
     def _charged(charge: Charge, reply: Sequence[bytes | str]) -> Charged:
@@ -328,14 +363,41 @@ class RedisQuota:
         atomic, and they are decided in order."""
         if not charges:
             return []
-        calls = self._calls(charges)
-        with _store_errors():
-            replies = await self._script.many([call.call(self._margin) for call, _ in calls])
-        charged: list[Charged | None] = [None] * len(charges)
-        for (_, indices), reply in zip(calls, replies, strict=True):
-            for index, one in zip(indices, reply, strict=True):
-                charged[index] = self._charged(charges[index], one)
-        return cast(list[Charged], charged)
+        if self._cluster and any(c.region is not None for c in charges):
+            return await self._charge_apart(charges)
+        replies = await self._run([_Part.of(c) for c in charges])
+        return [self._charged(c, reply) for c, reply in zip(charges, replies, strict=True)]
+
+    async def _charge_apart(self, charges: Sequence[Charge]) -> list[Charged]:
+        """On a cluster: the regions first, then the tenants whose region admitted them,
+        then the regions given back what a refused or replayed tenant charge did not
+        need (module notes)."""
+        regional = [i for i, c in enumerate(charges) if c.region is not None]
+        region_of: dict[int, QuotaDecision] = {}
+        region_parts = [
+            _Part(((cast(QuotaRequest, charges[i].region), region_key),)) for i in regional
+        ]
+        for i, reply in zip(regional, await self._run(region_parts), strict=True):
+            outcome, now, _, _, figures = _parse(reply)
+            region_of[i] = _decision(cast(QuotaRequest, charges[i].region), outcome, now, figures)
+        go = [i for i in range(len(charges)) if i not in region_of or region_of[i].allowed]
+        tenant_parts = [_Part.of(charges[i], region=False) for i in go]
+        out: list[Charged | None] = [None] * len(charges)
+        give_back: list[_Part] = []
+        for i, reply in zip(go, await self._run(tenant_parts), strict=True):
+            alone = self._charged(replace(charges[i], region=None), reply)
+            region = region_of.get(i)
+            out[i] = Charged(alone.tenant, region, alone.replayed)
+            if region is not None and (not alone.tenant.allowed or alone.replayed):
+                item = cast(QuotaRequest, charges[i].region)
+                back = replace(item, requests=-item.requests, tokens=-item.tokens)
+                give_back.append(_Part(((back, region_key),)))
+        for i, region in region_of.items():
+            if out[i] is None:  # the region refused: the tenant was not charged
+                out[i] = Charged(QuotaDecision("admit", "ok", at=region.at), region, False)
+        if give_back:
+            await self._run(give_back, "adjust")
+        return cast(list[Charged], out)
 
     async def adjust(self, tenant: str, config: TierConfig, tokens_delta: float) -> Adjustment:
         """Apply ``actual - reserved`` tokens at completion (negative refunds)."""

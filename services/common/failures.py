@@ -22,13 +22,34 @@ import redis.exceptions
 from aiokafka.errors import KafkaError, KafkaTimeoutError, UnknownTopicOrPartitionError
 
 _REDIS_UNREACHABLE = (
-    redis.exceptions.ConnectionError,  # includes a full pool and BusyLoadingError
+    redis.exceptions.ConnectionError,  # refused, reset, a full pool, LOADING, auth
     redis.exceptions.TimeoutError,
     redis.exceptions.ReadOnlyError,  # a replica during failover
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN
+    redis.exceptions.TryAgainError,  # a slot migrating
+    redis.exceptions.AskError,  # MOVED / ASK past redis-py's own redirections
+    redis.exceptions.OutOfMemoryError,  # maxmemory with noeviction: writes refused
+    redis.exceptions.NoPermissionError,  # an ACL changed under us: every call fails alike
+    redis.exceptions.InvalidResponse,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.RedisClusterUnreachableError,
 )
+_UNAVAILABLE_REPLIES = frozenset({"BUSY", "NOREPLICAS", "MISCONF", "LOADING", "OOM"})
+"""Error replies redis-py raises as a plain ``ResponseError`` that still say "the
+server cannot take this now" (a script running too long, too few replicas, a failed
+snapshot refusing writes), whatever the command."""
+
+
+def redis_unavailable(error: BaseException) -> bool:
+    """Whether a Redis error says the store cannot serve now (retry after a backoff, or
+    the caller's documented fallback) rather than that the call itself is wrong (a
+    cross-slot call, a script error, a wrong type: answered as the request's own error,
+    never a reason to stop). Every Redis error is one or the other; none stops a loop."""
+    if isinstance(error, _REDIS_UNREACHABLE):
+        return True
+    if isinstance(error, redis.exceptions.ResponseError):
+        return str(error).split(" ", 1)[0] in _UNAVAILABLE_REPLIES
+    return False
 
 
 class StoreUnavailable(RuntimeError):
@@ -42,9 +63,9 @@ def is_infrastructure(error: BaseException) -> bool:
         return False  # a topic the record named: retrying finds it missing again
     if isinstance(error, KafkaError):
         return bool(error.retriable) or isinstance(error, KafkaTimeoutError)
-    return isinstance(
+    return redis_unavailable(error) or isinstance(
         error,
-        (*_REDIS_UNREACHABLE, StoreUnavailable, OSError),  # OSError: timeouts too
+        (StoreUnavailable, OSError),  # OSError: timeouts too
     )
 
 
