@@ -201,19 +201,11 @@ def _fill(
             heads[cls] = dq
             waiting[cls] = ClassLoad(backlog[cls], now - dq[0].since)
     while True:
-        loads = {
-            cls: load
-            for cls, load in waiting.items()
-            if budget.fits(heads[cls][0].cost, cls is Priority.VIP)
-        }
-        if not loads:
-            # Nothing fits: the round is over, but the classes still have work. Asking
-            # the scheduler with no class would reset every floor and credit (a class
-            # without work earns nothing), so a pool freeing one slot a round would
-            # dispatch VIP every time and starve the others.
-            return
-        chosen = scheduler.next(loads)
-        if chosen is None:
+        # Every class with work is asked about (a class left out would count as idle and
+        # lose its floor); those whose oldest request fits the budget can be chosen.
+        fits = {cls for cls in waiting if budget.fits(heads[cls][0].cost, cls is Priority.VIP)}
+        chosen = scheduler.next(waiting, fits) if fits else None
+        if chosen is None:  # nothing fits, or the class owed a slot waits for room
             return
         w = heads[chosen].popleft()
         vip = chosen is Priority.VIP

@@ -13,7 +13,11 @@ Algorithm, per dispatch slot (``next``):
    be the largest and be served: each counter stays below 2. Hence the guarantee:
    **in any window of N dispatches during which a class has work, it receives more
    than N × min_share − 2 of them** — VIP's floor (10% by default) and every other
-   class's minimum share (no starvation).
+   class's minimum share (no starvation). A class owed a slot whose oldest request does
+   not fit what the pools hold now (``fits``) keeps its claim: nothing is dispatched
+   until it fits (the round ends, capacity frees, a later round serves it). Before, a
+   class whose head did not fit counted as idle and lost its counter, so a large
+   standard or bulk request under sustained VIP load waited until it expired.
 2. *Weights.* Otherwise the slot goes by smooth weighted round robin (nginx's SWRR)
    among the classes with work: each accrues ``weight / Σ weights`` into a credit, the
    largest credit wins and pays 1. Weights are dynamic: a class's base weight grows
@@ -36,7 +40,7 @@ shell reports here, together with consumer lag if it likes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from schemas import Priority
@@ -98,8 +102,13 @@ class PriorityScheduler:
         boost = 1.0 + self.config.aging_per_s * max(0.0, load.oldest_wait_s)
         return self.config.policies[cls].weight * min(self.config.max_age_boost, boost)
 
-    def next(self, loads: Mapping[Priority, ClassLoad]) -> Priority | None:
-        """The class to dispatch from now; ``None`` when no class has work.
+    def next(
+        self, loads: Mapping[Priority, ClassLoad], fits: Collection[Priority] | None = None
+    ) -> Priority | None:
+        """The class to dispatch from now; ``None`` when no class has work, or when the
+        class owed a slot by its floor cannot be served now (``fits``: the classes whose
+        oldest request fits what the pools hold now; ``None``: all of them). ``None``
+        changes nothing: asked again, it answers the same until that request fits.
 
         Call once per dispatched request: the counters assume each answer is acted on.
         """
@@ -108,24 +117,26 @@ class PriorityScheduler:
             if c not in working:
                 self._floor[c] = 0.0
                 self._credit[c] = 0.0
-        if not working:
+        servable = [c for c in working if fits is None or c in fits]
+        if not servable:
             return None
-        for c in working:
-            self._floor[c] += self.config.policies[c].min_share
-        chosen = max(working, key=self._floor.__getitem__)
-        if self._floor[chosen] < 1.0:
-            chosen = self._by_weight(working, loads)
+        floors = {c: self._floor[c] + self.config.policies[c].min_share for c in working}
+        owed = max(working, key=floors.__getitem__)
+        if floors[owed] >= 1.0 and owed not in servable:
+            return None  # its claim holds: nothing else goes ahead of it
+        self._floor.update(floors)
+        chosen = owed if floors[owed] >= 1.0 else self._by_weight(servable, loads)
         self._floor[chosen] = max(0.0, self._floor[chosen] - 1.0)
         return chosen
 
-    def _by_weight(self, working: list[Priority], loads: Mapping[Priority, ClassLoad]) -> Priority:
-        weights = {c: self.weight(c, loads[c]) for c in working}
+    def _by_weight(self, servable: list[Priority], loads: Mapping[Priority, ClassLoad]) -> Priority:
+        weights = {c: self.weight(c, loads[c]) for c in servable}
         total = sum(weights.values())
-        # Keep the credits zero-sum over the working classes (classes come and go).
-        mean = sum(self._credit[c] for c in working) / len(working)
-        for c in working:
+        # Keep the credits zero-sum over the classes served (classes come and go).
+        mean = sum(self._credit[c] for c in servable) / len(servable)
+        for c in servable:
             self._credit[c] += weights[c] / total - mean
-        chosen = max(working, key=self._credit.__getitem__)
+        chosen = max(servable, key=self._credit.__getitem__)
         self._credit[chosen] -= 1.0
         return chosen
 

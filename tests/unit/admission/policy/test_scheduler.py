@@ -177,3 +177,69 @@ def test_vip_floor_under_default_config_with_others_coming_and_going(
     for window in (30, 100):
         for start in range(len(chosen) - window + 1):
             assert got[start + window] - got[start] > window * 0.10 - SLACK
+
+
+# --- a class whose oldest request does not fit yet -----------------------------------
+
+
+def test_a_class_owed_a_slot_holds_it_until_its_head_fits() -> None:
+    """Under sustained VIP work, bulk's one large request does not fit for a while: VIP
+    goes on until bulk's floor owes it a slot, then nothing goes ahead of bulk (``None``,
+    every time, nothing changed) until it fits, and then bulk is served first."""
+    sched = PriorityScheduler()
+    loads = {VIP: ClassLoad(1_000), BULK: ClassLoad(1)}
+    served = []
+    for _ in range(100):
+        pick = sched.next(loads, fits={VIP})
+        if pick is None:
+            break
+        served.append(pick)
+    assert set(served) == {VIP}
+    assert len(served) == 19  # bulk's 5 % comes to one slot at the 20th
+    assert [sched.next(loads, fits={VIP}) for _ in range(50)] == [None] * 50
+    assert sched.next(loads, fits={VIP, BULK}) is BULK
+    assert sched.next(loads, fits={VIP, BULK}) is VIP
+
+
+def test_a_head_that_does_not_fit_yields_to_the_others_while_no_floor_is_owed() -> None:
+    sched = PriorityScheduler()
+    loads = {STANDARD: ClassLoad(5), BULK: ClassLoad(5)}
+    assert sched.next(loads, fits={BULK}) is BULK
+    assert sched.next(loads, fits=set()) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shares,
+    weights,
+    st.lists(st.tuples(st.tuples(*(st.booleans() for _ in ORDER))), min_size=50, max_size=300),
+    st.sampled_from([10, 20, 50]),
+)
+def test_floors_count_the_slots_served_whatever_fits_meanwhile(
+    mins: tuple[float, float, float],
+    ws: tuple[float, float, float],
+    fitting: list[tuple[tuple[bool, bool, bool]]],
+    window: int,
+) -> None:
+    """Every class has work throughout; at each step only some heads fit. Counting the
+    slots actually served (a held step serves none), each class still gets more than
+    its share of any window, less the slack: not fitting for a while costs a class
+    nothing of its floor."""
+    config = SchedulerConfig(
+        {c: ClassPolicy(m, w) for c, m, w in zip(ORDER, mins, ws, strict=True)}
+    )
+    sched = PriorityScheduler(config)
+    loads = {c: ClassLoad(1) for c in ORDER}
+    chosen: list[Priority] = []
+    for (fit,) in fitting:
+        fits = {c for c, f in zip(ORDER, fit, strict=True) if f}
+        pick = sched.next(loads, fits)
+        if pick is None:
+            # Held for a class owed a slot (or nothing fits): once it fits it is served.
+            pick = sched.next(loads, set(ORDER))
+        assert pick is not None
+        chosen.append(pick)
+    for c, m in zip(ORDER, mins, strict=True):
+        got = list(accumulate((p == c for p in chosen), initial=0))
+        for start in range(len(chosen) - window + 1):
+            assert got[start + window] - got[start] > window * m - SLACK, (c, start)

@@ -18,7 +18,7 @@ from services.admission.policy.cost import Cost
 from services.admission.policy.decisions import AdmissionPolicy
 from services.admission.policy.dispatching import pick
 from services.admission.policy.round_budget import RoundBudget
-from services.admission.policy.scheduler import PriorityScheduler
+from services.admission.policy.scheduler import ClassLoad, PriorityScheduler
 from services.admission.policy.workers import CapacityConfig
 from services.common.control_state import ControlState
 from tests.admission_helpers import Item, engine_stats, heartbeat
@@ -166,7 +166,9 @@ def test_a_worker_without_engine_stats_does_not_limit_tokens() -> None:
 
 
 def run_round(
-    cap: FleetCapacity, content: list[tuple[Priority, Cost, int]]
+    cap: FleetCapacity,
+    content: list[tuple[Priority, Cost, int]],
+    scheduler: PriorityScheduler | None = None,
 ) -> tuple[list[Item], dict[tuple[Priority, str], deque[Item]]]:
     qs: dict[tuple[Priority, str], deque[Item]] = {}
     t = -100.0
@@ -177,7 +179,8 @@ def run_round(
             dq.append(Item(f"{cls.value}{len(dq)}", t, cost))
     policy = AdmissionPolicy(PolicyConfig(tiers=DEFAULT_TIERS, pools=("main",)))
     control = ControlState(ManualClock(NOW))
-    picked = pick(qs, ("main",), policy, control, cap, {"main": PriorityScheduler()}, 0.0).picked
+    schedulers = {"main": scheduler or PriorityScheduler()}
+    picked = pick(qs, ("main",), policy, control, cap, schedulers, 0.0).picked
     return picked, qs
 
 
@@ -216,14 +219,22 @@ COSTS = st.builds(Cost, st.integers(1, 5_000), st.integers(1, 2_000))
     reserve=st.sampled_from([0.0, 0.1, 0.3]),
     pending=st.integers(0, 3_000),
     slots=st.integers(1, 40),
+    earlier=st.integers(0, 60),
 )
 def test_a_round_keeps_every_budget_and_is_work_conserving(
-    content: list[tuple[Priority, Cost, int]], reserve: float, pending: int, slots: int
+    content: list[tuple[Priority, Cost, int]],
+    reserve: float,
+    pending: int,
+    slots: int,
+    earlier: int,
 ) -> None:
     cap = fleet(reserve=reserve, prefill_steps=2)
     worker(cap, slots=slots, batched=2_000, kv=20_000, pending=pending)
     view = cap.view("main", now=0.0)
-    picked, qs = run_round(cap, content)
+    scheduler = PriorityScheduler()
+    for _ in range(earlier):  # earlier rounds: floors part paid, part owed
+        scheduler.next({c: ClassLoad(1) for c in (VIP, STANDARD, BULK)})
+    picked, qs = run_round(cap, content, scheduler)
     assert len(picked) <= view.free
     everyone = [i.cost for i in picked]
     # Over budget only through the "one request fits an empty dimension" rule.
@@ -240,13 +251,16 @@ def test_a_round_keeps_every_budget_and_is_work_conserving(
             assert kv_before <= view.kv_budget * (1 - reserve)
         if not item.name.startswith("vip") and prefill_before > item.cost.prompt_tokens:
             assert prefill_before <= view.prefill_budget * (1 - reserve)
-    # Work-conserving: no class's head would still fit what the round left.
+    # Work-conserving: no class's head would still fit what the round left — unless
+    # the round stopped for a class its floor owes a slot, whose head does not fit.
     used = RoundBudget(view, reserve)
     for c in everyone:
         used.take(c)
-    for (cls, _), dq in qs.items():
-        if dq:
-            assert not used.fits(dq[0].cost, cls is VIP)
+    heads = {cls: dq[0] for (cls, _), dq in qs.items() if dq}
+    fits = {cls for cls, head in heads.items() if used.fits(head.cost, cls is VIP)}
+    if fits:
+        loads = {cls: ClassLoad(len(qs[(cls, "main")]), -head.since) for cls, head in heads.items()}
+        assert scheduler.next(loads, fits) is None
 
 
 def report(cap: FleetCapacity, now: float, pending: int, done: int) -> None:
