@@ -32,10 +32,13 @@ class DecisionKind(StrEnum):
 
 @dataclass(frozen=True)
 class Reading:
-    """One metric as a window reports it: its value and how many samples it rests on."""
+    """One metric as a window reports it: its value and how many samples it rests on;
+    for a proportion, ``low``: the lower bound of what it may truly be on so few
+    samples (``windows.wilson_lower``), which is what must pass a trip threshold."""
 
     value: float
     samples: int
+    low: float | None = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.value):

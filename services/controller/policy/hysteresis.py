@@ -90,7 +90,11 @@ class Latch:
         t = self.threshold
         value = None if reading is None or reading.samples < t.min_samples else reading.value
         if not self.tripped:
-            if not self._trip.observe(now, value is not None and value > t.trip_above):
+            # A proportion trips on its lower bound: only once the samples show it is past.
+            low = value if reading is None or reading.low is None else reading.low
+            if not self._trip.observe(
+                now, value is not None and low is not None and low > t.trip_above
+            ):
                 return None
             evidence = self._evidence(now, reading, self._trip, tripping=True)
             self._trip.reset()
@@ -117,6 +121,8 @@ class Latch:
         samples = 0 if reading is None else reading.samples
         if reading is not None and samples >= t.min_samples:
             shown = f"{name} {reading.value:.4g} {'>' if tripping else '<'} {limit:.4g}"
+            if tripping and reading.low is not None:
+                shown = f"{name} {reading.value:.4g} (at least {reading.low:.4g}) > {limit:.4g}"
         else:
             shown = f"{name} quiet ({samples} < {t.min_samples} samples)"
         held = timer.held_for(now)
@@ -126,6 +132,8 @@ class Latch:
         metrics = {f"{name}.samples": float(samples)}
         if reading is not None:
             metrics[name] = reading.value
+            if reading.low is not None:
+                metrics[f"{name}.lower_bound"] = reading.low
         return Evidence(
             reason=reason,
             window_s=t.window_s,

@@ -20,7 +20,7 @@ from services.controller.policy.breaker import (
     breaker_readings,
 )
 from services.controller.policy.decision import DecisionKind, Reading
-from services.controller.policy.windows import GaugeWindow, RequestWindow
+from services.controller.policy.windows import GaugeWindow, RequestWindow, wilson_lower
 
 pytestmark = pytest.mark.unit
 
@@ -282,11 +282,14 @@ def test_readings_from_windows_drive_the_matrix() -> None:
     config = BreakerConfig()
     requests, cpu, memory = RequestWindow(), GaugeWindow(), GaugeWindow()
     for i in range(40):
-        requests.record(float(i), 100.0, ok=i % 3 != 0)  # 14 of 40 fail: 35%
+        requests.record(float(i), 100.0, ok=i % 3 == 0)  # 26 of 40 fail: 65%
         cpu.record(float(i), 50.0)
     memory.record(39.0, 40.0)
     readings = breaker_readings(config, 39.0, requests, cpu, memory)
-    assert readings[Signal.ERROR_RATE] == Reading(14 / 40, 40)
+    # The rate, and the lower bound of what it may truly be (what must pass 30%).
+    low = wilson_lower(26, 40, config.error_rate_z)
+    assert 0.3 < low < 26 / 40
+    assert readings[Signal.ERROR_RATE] == Reading(26 / 40, 40, low)
     assert readings[Signal.CPU] == Reading(50.0, 40)
     assert readings[Signal.GPU_MEMORY] == Reading(40.0, 1)
     latency = readings[Signal.LATENCY_P99]
