@@ -57,7 +57,7 @@ async def completions(request: Request) -> Response:
 
 # -- admission to the bus ------------------------------------------------------
 async def read_body(request: Request) -> bytes | Refusal:
-    limit = front_of(request).settings.max_body_bytes
+    limit = front_of(request).settings.max_request_bytes
     declared = check_declared_length(request.headers.get("content-length"), limit)
     if declared.reason == "bad_content_length":
         return invalid("bad_content_length", "The Content-Length header is malformed.")

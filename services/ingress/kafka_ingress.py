@@ -137,6 +137,11 @@ class KafkaIngress(Component):
     # -- the handler (services.common.consuming.Handler) ---------------------------
     async def decide(self, record: Record) -> _Effect:
         value = record.value or b""
+        limit = self._settings.max_request_bytes
+        if len(value) > limit:  # before its signature or its JSON is looked at
+            return _DeadLetter(
+                DecodeError("too_large", f"{len(value)} bytes, above the limit of {limit}")
+            )
         produced = produced_at_ns(record)
         root = TRACER.begin(ROOT, tracecontext.from_headers(record.headers), produced)
         TRACER.record("ingress.read", root.context, produced, now_ns())
@@ -170,9 +175,7 @@ class KafkaIngress(Component):
             return _Reject(request, principal)
         pipeline = self._pipeline
         user_agent = request.client.user_agent
-        refusal = pipeline.check_size(value, self._settings.max_record_bytes) or (
-            pipeline.check_user_agent(user_agent) if user_agent else None
-        )
+        refusal = pipeline.check_user_agent(user_agent) if user_agent else None
         if refusal is not None:
             return _Reject(request, refusal)
         span = TRACER.start("ingress.screen", root.context)

@@ -151,7 +151,9 @@ class IngressService(Component):
             timeout_keep_alive=math.ceil(s.http_keep_alive_s),
             ws_ping_interval=s.ws_ping_s,
             ws_ping_timeout=s.ws_ping_s,
-            ws_max_size=s.max_body_bytes + 1024,  # a frame is one request body
+            # A frame is one request: one over the limit is answered with an error
+            # frame (``websocket``); one past four times the limit closes the socket.
+            ws_max_size=4 * s.max_request_bytes,
         )
         server = self._server = _Server(config)
         http = self._http = self.spawn(server.serve(sockets=[self._socket]), "http")

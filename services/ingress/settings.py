@@ -57,11 +57,11 @@ class IngressSettings(CommonSettings):
     longer, or it closes one just as the balancer sends on it and the client gets a
     reset or a 502. Behind Google Cloud's load balancer, set it above 600 s."""
 
-    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1, le=16 * 1024 * 1024)
-    """HTTP bodies above this are refused (413) before they are parsed."""
-    max_record_bytes: int = Field(default=20 * 1024, ge=1, le=4 * 1024 * 1024)
-    """The same limit for records on the ingress topic: a 16 KiB body plus room for the
-    ``InferenceRequest`` envelope."""
+    max_request_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1, le=4 * 1024 * 1024)
+    """One limit for a request on every edge, on its raw bytes, before it is parsed
+    (``schemas.base.MAX_REQUEST_BYTES``): an HTTP body above it is refused (413), a
+    WebSocket frame answered with an error frame, a record on the ingress topic
+    dead-lettered (``too_large``)."""
 
     user_agent_blacklist: CommaList = DEFAULT_SUBSTRINGS
     """Case-insensitive substrings."""

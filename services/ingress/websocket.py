@@ -56,7 +56,7 @@ from services.ingress import openai as oai
 from services.ingress.admit import Admitted, admit_body, bearer, source_of
 from services.ingress.answers import Waiter, deadline_error
 from services.ingress.pipeline import IngressPipeline, Principal
-from services.ingress.refusals import Refusal
+from services.ingress.refusals import Refusal, body_too_large
 from services.ingress.replies import ReplyRouter
 
 log = logging.getLogger(__name__)
@@ -225,8 +225,16 @@ class WebSocketSessions:
             self._accept(socket, text)
 
     def _accept(self, socket: _Socket, text: str) -> None:
-        """Parse one client frame and start its request (or answer why not)."""
+        """Parse one client frame and start its request (or answer why not); a frame
+        over the request limit is answered before it is parsed (with no ``id``: reading
+        it would be parsing it)."""
         client_id: str | None = None
+        if len(text) * 4 > (limit := self.settings.max_request_bytes) and (
+            len(text.encode()) > limit
+        ):
+            error = oai.error_for_refusal(body_too_large(limit))
+            self._spawn(socket, socket.send(_error_frame(None, None, error)))
+            return
         try:
             data = json.loads(text)
         except ValueError:
@@ -239,7 +247,12 @@ class WebSocketSessions:
             )
             self._spawn(socket, socket.send(_error_frame(client_id, None, error)))
             return
-        body = json.dumps(data).encode() if isinstance(data, dict) else text.encode()
+        # Not larger than the frame: non-ASCII text is kept as it came, not escaped.
+        body = (
+            json.dumps(data, ensure_ascii=False).encode()
+            if isinstance(data, dict)
+            else text.encode()
+        )
         self._spawn(socket, self._request(socket, client_id, body))
 
     def _spawn(self, socket: _Socket, coro: Any) -> None:
@@ -293,7 +306,7 @@ class WebSocketSessions:
             await self._pending(socket.session_id, -1)
 
     async def _admit(self, socket: _Socket, body: bytes, request_id: str) -> Admitted | Refusal:
-        too_large = IngressPipeline.check_size(body, self.settings.max_body_bytes)
+        too_large = IngressPipeline.check_size(body, self.settings.max_request_bytes)
         if too_large is not None:
             return too_large
         parsed = oai.parse_body(body, oai.ChatBody)

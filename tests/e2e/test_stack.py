@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import InferenceRequest, ReplyChunk, ReplyStatus, SamplingParams
-from seawall_client import SeawallClient, signing
+from seawall_client import RequestTooLarge, SeawallClient, signing
 from seawall_client.serde import encode
 from services.common.bus import make_producer, topics_of
 from tests.fleet import ReplyReader
@@ -180,6 +180,10 @@ async def test_the_sdk_completes_and_streams_through_the_stack(stack: Stack) -> 
         reply = await client.complete("hello", max_tokens=6, timeout_s=90)
         assert (reply.status, reply.completion_tokens) == (ReplyStatus.OK, 6)
         items = [item async for item in client.stream("a story", max_tokens=30, timeout_s=90)]
+        # Over the one request limit: refused here, never sent (the fleet would only
+        # dead-letter it).
+        with pytest.raises(RequestTooLarge, match="above the limit of 16384"):
+            await client.complete("x" * 16_384, max_tokens=6)
     *chunks, terminal = items
     assert chunks
     assert "".join(c.text for c in chunks if isinstance(c, ReplyChunk)) == terminal.text

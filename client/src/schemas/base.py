@@ -37,6 +37,12 @@ def scoped_id(tenant: str, request_id: str) -> str:
     return f"{tenant}|{request_id}"
 
 
+MAX_REQUEST_BYTES = 16 * 1024
+"""The one size limit of a request, whatever edge it comes in by — an HTTP body, a
+WebSocket frame, a record's value on the ingress topic — checked on its raw bytes
+before anything parses it (ingress's ``SEAWALL_MAX_REQUEST_BYTES``). The SDK refuses
+to send a larger one (``RequestTooLarge``)."""
+
 #: A Kafka topic name (Kafka's own rule: [a-zA-Z0-9._-], at most 249 characters).
 TopicName = Annotated[
     str, StringConstraints(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")

@@ -12,7 +12,7 @@ routing (``streams``) and the Kafka plumbing (``kafka``). It depends on aiokafka
 pydantic only; the seawall services build on the same modules.
 """
 
-from seawall_client.client import ClientStats, SeawallClient, SyncSeawallClient
+from seawall_client.client import ClientStats, RequestTooLarge, SeawallClient, SyncSeawallClient
 from seawall_client.kafka import KafkaConfig
 from seawall_client.retry import RetryPolicy
 from seawall_client.streams import ReplyRouterClosed
@@ -21,6 +21,7 @@ __all__ = [
     "ClientStats",
     "KafkaConfig",
     "ReplyRouterClosed",
+    "RequestTooLarge",
     "RetryPolicy",
     "SeawallClient",
     "SyncSeawallClient",

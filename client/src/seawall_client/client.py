@@ -52,6 +52,7 @@ from schemas import (
     InferenceRequest,
     SamplingParams,
 )
+from schemas.base import MAX_REQUEST_BYTES
 from seawall_client import signing, tracecontext
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.kafka import (
@@ -73,6 +74,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Messages = Sequence[ChatMessage | Mapping[str, str]]
 READ_BACKOFF_CAP_S = 5.0
+
+
+class RequestTooLarge(ValueError):
+    """The request, encoded, is larger than the fleet accepts on any edge
+    (``schemas.base.MAX_REQUEST_BYTES``): refused here rather than dead-lettered there,
+    where its producer would never hear of it."""
 
 
 @dataclass(slots=True)
@@ -103,6 +110,7 @@ class SeawallClient:
         retry: RetryPolicy | None = None,
         timeout_s: float = 60.0,
         reply_margin_s: float = 2.0,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
         rng: random.Random | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -118,6 +126,7 @@ class SeawallClient:
         self._budget = RetryBudget(self._policy)
         self._timeout_s = timeout_s
         self._margin_s = reply_margin_s
+        self._max_request_bytes = max_request_bytes
         self._rng = rng or random.Random()
         self._clock = clock
         self._stats = ClientStats()
@@ -286,6 +295,11 @@ class SeawallClient:
             deadline_at=created + timeout,
             session_id=session_id,
         )
+        first = template.model_copy(update={"request_id": attempt_id(base_id, 1)})
+        if (size := len(encode(first))) > self._max_request_bytes:
+            raise RequestTooLarge(
+                f"the request is {size} bytes encoded, above the limit of {self._max_request_bytes}"
+            )
         self._stats.submitted += 1
         self._budget.deposit()
         attempt = 1

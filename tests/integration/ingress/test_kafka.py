@@ -236,6 +236,9 @@ async def test_bad_records_are_dead_lettered_or_rejected_and_consuming_goes_on(
         json.dumps(
             {**json.loads(encode(good)), "sampling": {"max_tokens": 10**9}}
         ).encode(): "schema_violation",
+        # over the one request limit: refused on its size, before its JSON is read
+        encode(record(topics, "oversize", pro, prompt="x" * 30_000)): "too_large",
+        b"{" + b"x" * 20_000: "too_large",
         # its key's reply topic, which nobody created: never created by producing to it
         encode(record(topics, "nowhere", pro, reply_to=topics.reply(f"{key_id(pro)}.{NOWHERE}"))): (
             "reply_topic_unreachable"
@@ -247,11 +250,6 @@ async def test_bad_records_are_dead_lettered_or_rejected_and_consuming_goes_on(
             record(topics, "blocked", keys.blocking, prompt="密码: hunter22"),
             keys.blocking,
             ReasonCode.SENSITIVE_DATA,
-        ),
-        "oversize": (
-            record(topics, "oversize", pro, prompt="x" * 30_000),
-            pro,
-            ReasonCode.INVALID_REQUEST,
         ),
         "max-tokens": (
             record(topics, "max-tokens", pro, sampling=SamplingParams(max_tokens=2000)),

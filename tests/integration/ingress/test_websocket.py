@@ -88,6 +88,33 @@ async def test_a_refused_request_is_an_error_frame_and_the_socket_goes_on(
     assert (ok["type"], ok["id"]) == ("response", "ok")
 
 
+async def test_a_frame_over_the_request_limit_is_refused_before_it_is_parsed(
+    ingress: IngressService, keys: Keys, downstream: Downstream
+) -> None:
+    """One limit on every edge: a frame over it is answered 413 whatever it holds — valid
+    JSON or not, it is not parsed — and the socket goes on. Non-ASCII text within the
+    limit passes (it is not escaped into a larger body)."""
+    limit = ingress.settings.max_request_bytes
+    async with connect(url(ingress), additional_headers=auth(keys.pro)) as ws:
+        await frame(ws)
+        await ws.send(ask("big", "x" * limit))
+        await ws.send("{" + "x" * limit)  # not JSON: still refused for its size
+        big, broken = await frame(ws), await frame(ws)
+        near = "密" * ((limit - 200) // 3)  # 3 bytes each in UTF-8, 6 once escaped
+        body = {"id": "near", "messages": [{"role": "user", "content": near}]}
+        await ws.send(json.dumps(body, ensure_ascii=False))
+        ((_, _, request),) = await downstream.take(1)
+        await downstream.answer(request, "ok")
+        ok = await frame(ws)
+    for refused in (big, broken):
+        assert (refused["type"], refused["status"]) == ("error", 413)
+        assert refused["error"]["code"] == "body_too_large"
+        assert refused["id"] is None
+    assert (ok["type"], ok["id"]) == ("response", "near")
+    assert request.messages is not None
+    assert request.messages[0].content == near
+
+
 async def test_a_bad_key_is_refused_with_1008(ingress: IngressService) -> None:
     async with connect(url(ingress), additional_headers=auth("sk-nope")) as ws:
         refusal = await frame(ws)

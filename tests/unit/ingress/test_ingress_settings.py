@@ -30,7 +30,7 @@ def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_defaults_in_development_mode() -> None:
     s = IngressSettings(dev_mode=True)
-    assert s.max_body_bytes == 16 * 1024
+    assert s.max_request_bytes == 16 * 1024
     assert s.default_deadline_s == 120
     assert s.dev_pepper
 

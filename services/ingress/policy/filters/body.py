@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from schemas.base import MAX_REQUEST_BYTES
 from services.ingress.policy.filters import PASS, FilterVerdict
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024
+DEFAULT_MAX_BODY_BYTES = MAX_REQUEST_BYTES
 
 
 def check_body(body: bytes | bytearray, limit: int = DEFAULT_MAX_BODY_BYTES) -> FilterVerdict:
