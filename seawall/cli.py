@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
@@ -108,6 +108,13 @@ def sim_serve(
     model_name: Annotated[
         str, typer.Option(help="The model name the server answers as.")
     ] = "sim-llama-2-7b",
+    scheduling_policy: Annotated[
+        str,
+        typer.Option(
+            help="vllm serve's --scheduling-policy: fcfs (its default) refuses requests "
+            "with a non-zero priority; priority runs lower values first."
+        ),
+    ] = "fcfs",
 ) -> None:
     """Serve the simulated engine as an OpenAI-compatible server with vLLM's metric names.
 
@@ -120,9 +127,15 @@ def sim_serve(
     from services.workers.engine.factory import build_engine
     from services.workers.settings import WorkerSettings
 
-    settings = WorkerSettings(engine="sim")
+    if scheduling_policy not in ("fcfs", "priority"):
+        raise typer.BadParameter("fcfs or priority", param_hint="--scheduling-policy")
+    policy: Literal["fcfs", "priority"] = "priority" if scheduling_policy == "priority" else "fcfs"
+    settings = WorkerSettings(engine="sim", engine_scheduling_policy=policy)
     uvicorn.run(
-        create_app(build_engine(settings), model_name), host=host, port=port, log_level="info"
+        create_app(build_engine(settings), model_name, policy),
+        host=host,
+        port=port,
+        log_level="info",
     )
 
 

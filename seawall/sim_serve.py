@@ -53,6 +53,7 @@ from services.workers.engine.base import (
     EngineRequest,
     FinishReason,
 )
+from services.workers.engine.sim_config import SchedulingPolicy
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards built for vLLM read the same.
 TTFT_BUCKETS = (
@@ -312,12 +313,15 @@ class _RequestTimer:
 # --- the app -------------------------------------------------------------------------
 
 
-def create_app(engine: Engine, model_name: str) -> FastAPI:
+def create_app(
+    engine: Engine, model_name: str, scheduling_policy: SchedulingPolicy = "fcfs"
+) -> FastAPI:
     """The server for ``engine``, answering as model ``model_name``.
 
     The app starts and stops the engine with its lifespan. Prompts are sized with the
     simulated engine's token counter, for the engine's KV accounting and the
-    context-length check.
+    context-length check. ``scheduling_policy`` is ``vllm serve``'s: under ``fcfs`` (its
+    default) a request with a non-zero ``priority`` is refused with vLLM's 400.
     """
     metrics = _Metrics(engine, model_name)
 
@@ -403,6 +407,11 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
                 f"This model's maximum context length is {max_model_len} tokens. However, "
                 f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
                 f"prompt, {max_tokens} in the completion)."
+            )
+        if body.priority != 0 and scheduling_policy != "priority":
+            # vLLM's own check (its engine's add_request), answered 400 by its server.
+            raise _BadRequest(
+                f"Got priority {body.priority} but Priority scheduling is not enabled."
             )
         options = body.stream_options or _StreamOptions()
         return _Job(

@@ -11,6 +11,14 @@ request cancels the task reading its stream: the connection closes and vLLM abor
 request server-side. Scheduler figures come from the server's ``/metrics``, scraped in
 the background every ``scrape_interval_s`` (:mod:`.openai_http_metrics`). The server
 does not publish its engine limits, so they come from configuration.
+
+Priorities: vLLM orders by ``priority`` only when started with ``--scheduling-policy
+priority``; a stock ``vllm serve`` (FCFS) refuses any non-zero priority with a 400. The
+engine does not ask beforehand (nothing on the server says): it sends priorities until
+the server refuses one for that reason, then sends the same request again without it
+and never sends one again (logged once; ``priority_scheduling`` in the snapshot's
+extras: 1 accepted, 0 refused, -1 not yet known). Either way every request is served;
+on an FCFS server the order is admission's alone.
 """
 
 from __future__ import annotations
@@ -55,6 +63,14 @@ class OpenAIHttpConfig:
 
 
 _END: Final = object()
+
+
+class _PrioritiesRefused(Exception):
+    """The server refused a request for its priority alone: send it again without."""
+
+
+PRIORITY_REFUSED = "Priority scheduling is not enabled"
+"""What vLLM answers (400) to a priority when it schedules first come, first served."""
 _REFUSALS = frozenset({400, 404, 413, 422})
 """HTTP statuses that refuse the request itself (vLLM answers 400 for a prompt longer
 than its context); any other error is the server's."""
@@ -72,6 +88,8 @@ class OpenAIHttpEngine:
         self._metrics = ScrapedMetrics()
         self._metrics_stale = True
         self._streams: dict[str, asyncio.Task[None]] = {}
+        self.priorities: bool | None = None
+        """Whether the server accepts priorities (``None``: not known yet)."""
 
     async def start(self) -> None:
         """Connect and read ``/metrics`` once; ``EngineError`` if the server does not answer."""
@@ -162,8 +180,11 @@ class OpenAIHttpEngine:
 
     def snapshot(self) -> EngineSnapshot:
         metrics = self._metrics
+        known = {None: -1.0, True: 1.0, False: 0.0}[self.priorities]
         return snapshot_of(
-            metrics, self.limits, {"metrics_stale": 1.0 if self._metrics_stale else 0.0}
+            metrics,
+            self.limits,
+            {"metrics_stale": 1.0 if self._metrics_stale else 0.0, "priority_scheduling": known},
         )
 
     @property
@@ -189,7 +210,7 @@ class OpenAIHttpEngine:
             body["stop"] = list(request.stop)
         if request.seed is not None:
             body["seed"] = request.seed
-        if request.priority != 0:
+        if request.priority != 0 and self.priorities is not False:
             # vLLM rejects a non-zero priority unless started with --scheduling-policy
             # priority; 0 is its default, so leaving it out works everywhere.
             body["priority"] = request.priority
@@ -204,21 +225,32 @@ class OpenAIHttpEngine:
         whether it was aborted from the task's state.
         """
         try:
+            await self._stream(client, request, queue)
+        except _PrioritiesRefused:
+            await self._stream(client, request, queue)  # the same, without its priority
+
+    async def _stream(
+        self, client: httpx.AsyncClient, request: EngineRequest, queue: asyncio.Queue[object]
+    ) -> None:
+        try:
+            body = self._body(request)
             async with client.stream(
                 "POST",
                 "/v1/completions",
-                json=self._body(request),
+                json=body,
                 headers={"X-Request-Id": request.request_id},
             ) as response:
                 if response.status_code >= 400:
-                    body = await response.aread()
-                    text = (
-                        f"request {request.request_id}: HTTP {response.status_code}: "
-                        f"{error_body_text(body)}"
-                    )
+                    detail = error_body_text(await response.aread())
+                    if "priority" in body and PRIORITY_REFUSED in detail:
+                        self._refused_priorities(detail)
+                        raise _PrioritiesRefused
+                    text = f"request {request.request_id}: HTTP {response.status_code}: {detail}"
                     if response.status_code in _REFUSALS:
                         raise RequestRefused(text)
                     raise EngineError(text)
+                if "priority" in body:
+                    self.priorities = True
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue  # blank separators, comments, event names
@@ -233,6 +265,17 @@ class OpenAIHttpEngine:
             queue.put_nowait(exc)
         except (httpx.HTTPError, ValueError) as exc:
             queue.put_nowait(EngineError(f"request {request.request_id}: {exc!r}"))
+
+    def _refused_priorities(self, detail: str) -> None:
+        if self.priorities is not False:
+            logger.warning(
+                "%s schedules first come, first served (%s): requests go without their "
+                "priority from now on; start it with --scheduling-policy priority to have "
+                "the engine order them too",
+                self._config.base_url,
+                detail[:200],
+            )
+        self.priorities = False
 
     @staticmethod
     def _aborted(request: EngineRequest, completion_tokens: int) -> EngineOutput:

@@ -68,9 +68,10 @@ class SimServer:
 @asynccontextmanager
 async def serve_sim(config: SimConfig | None = None) -> AsyncIterator[SimServer]:
     engine = RecordingEngine(SimulatedEngine(config))
+    policy = (config or SimConfig()).scheduling_policy  # as vllm serve, FCFS by default
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(engine, MODEL),
+            create_app(engine, MODEL, policy),
             log_level="warning",
             lifespan="on",
             timeout_graceful_shutdown=5,

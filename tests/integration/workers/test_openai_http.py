@@ -55,7 +55,7 @@ async def _run(engine: OpenAIHttpEngine, request: EngineRequest) -> list[EngineO
 async def test_generate_streams_deltas_with_the_servers_counts(
     http_engine: OpenAIHttpEngine, sim_server: SimServer
 ) -> None:
-    outputs = await _run(http_engine, _request("a1", max_tokens=7, priority=2))
+    outputs = await _run(http_engine, _request("a1", max_tokens=7))
     final = outputs[-1]
     assert (final.finished, final.finish_reason) == (True, "length")
     assert not any(out.finished for out in outputs[:-1])
@@ -68,7 +68,59 @@ async def test_generate_streams_deltas_with_the_servers_counts(
     assert final.prompt_tokens == count_tokens(PROMPT)
     assert len("".join(out.text for out in outputs).split()) == 7  # one word per token
     (seen,) = sim_server.engine.requests
-    assert (seen.request_id, seen.max_tokens, seen.priority) == ("a1", 7, 2)
+    assert (seen.request_id, seen.max_tokens, seen.priority) == ("a1", 7, 0)
+
+
+async def test_a_server_in_priority_mode_gets_each_requests_priority() -> None:
+    async with serve_sim(SimConfig(scheduling_policy="priority")) as server:
+        engine = _engine(server)
+        await engine.start()
+        try:
+            assert engine.snapshot().extra["priority_scheduling"] == -1  # not known yet
+            for rid, priority in (("vip", 0), ("std", 1), ("bulk", 2)):
+                final = (await _run(engine, _request(rid, max_tokens=3, priority=priority)))[-1]
+                assert final.finish_reason == "length"
+            assert engine.priorities is True
+            assert engine.snapshot().extra["priority_scheduling"] == 1
+        finally:
+            await engine.stop()
+    assert [(r.request_id, r.priority) for r in server.engine.requests] == [
+        ("vip", 0),
+        ("std", 1),
+        ("bulk", 2),
+    ]
+
+
+async def test_a_stock_fcfs_server_serves_every_request_without_priorities(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stock ``vllm serve`` refuses any non-zero priority (400): the engine learns it
+    from the first refusal, sends that request again without, and never sends one
+    again — every request is served, none fails."""
+    async with serve_sim(SimConfig(scheduling_policy="fcfs")) as server:
+        engine = _engine(server)
+        await engine.start()
+        try:
+            finals = [
+                (await _run(engine, _request(rid, max_tokens=3, priority=priority)))[-1]
+                for rid, priority in (("std", 1), ("vip", 0), ("bulk", 2))
+            ]
+            concurrent = await asyncio.gather(
+                *(_run(engine, _request(f"c{i}", max_tokens=2, priority=2)) for i in range(4))
+            )
+            assert engine.priorities is False
+            assert engine.snapshot().extra["priority_scheduling"] == 0
+        finally:
+            await engine.stop()
+    assert [f.finish_reason for f in finals] == ["length"] * 3
+    assert [run[-1].finish_reason for run in concurrent] == ["length"] * 4
+    # What reached the engine: every request once, each with the default priority.
+    assert sorted(r.request_id for r in server.engine.requests) == sorted(
+        ["std", "vip", "bulk", "c0", "c1", "c2", "c3"]
+    )
+    assert {r.priority for r in server.engine.requests} == {0}
+    refusals = [r for r in caplog.records if "first come, first served" in r.getMessage()]
+    assert len(refusals) == 1
 
 
 async def test_concurrent_requests_do_not_mix(http_engine: OpenAIHttpEngine) -> None:

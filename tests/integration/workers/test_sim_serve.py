@@ -183,13 +183,32 @@ async def test_sampling_settings_reach_the_engine(
             "top_p": 0.9,
             "stop": "\n",
             "seed": 7,
-            "priority": -3,
         },
     )
     assert response.json()["id"] == "cmpl-req-42"
     request = sim_server.engine.requests[-1]
     assert (request.request_id, request.temperature, request.top_p) == ("req-42", 0.2, 0.9)
-    assert (request.stop, request.seed, request.priority) == (("\n",), 7, -3)
+    assert (request.stop, request.seed, request.priority) == (("\n",), 7, 0)
+
+
+async def test_priorities_as_vllm_serve_takes_them_under_each_scheduling_policy() -> None:
+    """FCFS (vLLM's default) refuses a non-zero priority with vLLM's own 400; the
+    priority policy hands it to the engine."""
+    body = {"prompt": PROMPT, "max_tokens": 2, "priority": -3}
+    async with serve_sim() as fcfs, httpx.AsyncClient(base_url=fcfs.base_url) as client:
+        refused = await client.post("/v1/completions", json=body)
+        plain = await client.post("/v1/completions", json={**body, "priority": 0})
+    assert refused.status_code == 400
+    message = refused.json()["error"]["message"]
+    assert message == "Got priority -3 but Priority scheduling is not enabled."
+    assert plain.status_code == 200
+    async with (
+        serve_sim(SimConfig(scheduling_policy="priority")) as server,
+        httpx.AsyncClient(base_url=server.base_url) as client,
+    ):
+        taken = await client.post("/v1/completions", json=body)
+    assert taken.status_code == 200
+    assert server.engine.requests[-1].priority == -3
 
 
 @pytest.mark.parametrize(
