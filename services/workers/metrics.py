@@ -67,6 +67,11 @@ ENGINE_WAITING = Gauge(
     "seawall_engine_waiting_requests", "Requests waiting in the engine", ["pool"]
 )
 KV_USAGE = Gauge("seawall_engine_kv_cache_usage_ratio", "KV cache in use, 0-1", ["pool"])
+ENGINE_STALLED = Gauge(
+    "seawall_engine_stalled_seconds",
+    "How long the engine has produced no token while holding requests (0: idle or producing)",
+    ["pool"],
+)
 PREEMPTED = Gauge("seawall_engine_preemptions", "Preemptions since the engine started", ["pool"])
 # GPU gauges, one series per GPU the worker reads (its own: ``gpu.visible_devices``),
 # named after the DCGM exporter's fields so dashboards map one to one.

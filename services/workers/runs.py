@@ -55,6 +55,24 @@ class InHand:
         self.completed_total = 0
         """Requests finished so far (``RequestCompleted.seq``, reports'
         ``completed_total``)."""
+        self.generating = 0
+        """Requests in the engine now (between their submission and their last output)."""
+        self.progressed_at = 0.0
+        """When the engine last produced an output, or started on work while idle
+        (monotonic)."""
+
+    def engine_started(self, now: float) -> None:
+        if self.generating == 0:
+            self.progressed_at = now  # idle time is not a stall
+        self.generating += 1
+
+    def engine_done(self) -> None:
+        self.generating -= 1
+
+    def stalled_s(self, now: float) -> float:
+        """How long the engine has produced nothing while it held requests (0: idle, or
+        producing)."""
+        return max(0.0, now - self.progressed_at) if self.generating else 0.0
 
     async def notify(self) -> None:
         async with self.capacity:

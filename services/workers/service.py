@@ -77,7 +77,7 @@ from services.workers import metrics as m
 from services.workers.answers import Answers
 from services.workers.claims import Claims
 from services.workers.control_reactions import ControlReactions
-from services.workers.engine.base import Engine
+from services.workers.engine.base import Engine, EngineError
 from services.workers.engine.validate import validate_limits
 from services.workers.fetching import Fetching
 from services.workers.gpu import GpuProbe
@@ -240,6 +240,7 @@ class Worker(Component):
             self.spawn(self._leases.loop(), "leases"),
             self.spawn(self._telemetry.loop(), "telemetry"),
             self.spawn(self._watch(self._follower), "watch:control"),
+            self.spawn(self._watch_engine(), "watch:engine"),
         }
         log.info(
             "worker serving",
@@ -252,6 +253,26 @@ class Worker(Component):
                 "max_model_len": limits.max_model_len,
             },
         )
+
+    async def _watch_engine(self) -> None:
+        """Fail the worker when its engine has produced nothing for ``engine_stall_s``
+        while holding requests: a hung engine is replaced, not waited on (its requests
+        go to the next owner once the process is gone)."""
+        limit = self.settings.engine_stall_s
+        while True:
+            await asyncio.sleep(min(1.0, limit / 4))
+            stalled = self._in_hand.stalled_s(self.clock.monotonic())
+            m.ENGINE_STALLED.labels(self.settings.pool).set(stalled)
+            if stalled > limit:
+                held = self._in_hand.generating
+                log.error("engine hung", extra={"stalled_s": round(stalled, 1), "requests": held})
+                self._fail(
+                    EngineError(
+                        f"the engine produced no token for {stalled:.0f} s with {held} "
+                        "requests in it"
+                    )
+                )
+                return
 
     @staticmethod
     async def _watch(part: Component) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from schemas import DispatchedRequest, ReasonCode, ReplyChunk, ReplyStatus
+from schemas import DispatchedRequest, InferenceRequest, ReasonCode, ReplyChunk, ReplyStatus
 from seawall_client import tracecontext
 from seawall_client.clock import Clock
 from seawall_client.serde import DISPATCH, DecodeError, decode
@@ -170,8 +170,21 @@ class Serving:
                 return
             if isinstance(claim, Busy):
                 # Alive elsewhere (its partition moved): wait for that worker, or for its
-                # lease to run out.
-                await asyncio.sleep(min(max(claim.retry_in_s, 0.05), self.settings.claim_lease_s))
+                # lease to run out — no later than the request's deadline.
+                now = self.clock.time()
+                if req.expired(now):
+                    reply = self._answers.reply(
+                        req.request_id,
+                        ReplyStatus.EXPIRED,
+                        ReasonCode.DEADLINE_EXCEEDED,
+                        message="the deadline passed while another worker held the request",
+                    )
+                    await self._answers.finish(d, started, None, reply, run)
+                    return
+                wait = min(max(claim.retry_in_s, 0.05), self.settings.claim_lease_s)
+                if req.deadline_at is not None:
+                    wait = min(wait, max(0.0, req.deadline_at - now) + 0.01)
+                await asyncio.sleep(wait)
                 continue
             if claim.attempts:
                 run.held = Held(req.tenant, req.request_id, claim.generation)
@@ -200,6 +213,13 @@ class Serving:
                     self._leases.spawn_release(run.held)
                 run.held, run.lost = None, False
                 await backoff.wait()
+
+    def _patience_s(self, req: InferenceRequest) -> float:
+        """How long to wait for the request's next output: its stall bound, or less,
+        up to its deadline."""
+        if req.deadline_at is None:
+            return self.settings.request_stall_s
+        return max(0.0, min(self.settings.request_stall_s, req.deadline_at - self.clock.time()))
 
     async def _generate(
         self, d: DispatchedRequest, run: Run, generation: int, trace: TraceContext | None
@@ -249,8 +269,24 @@ class Serving:
                 raise
             m.CHUNKS.inc()
 
+        outputs = self.engine.generate(engine_request)
+        gave_up: str | None = None
+        """Why the request was given up before the engine finished it, if it was."""
+        self._in_hand.engine_started(self.clock.monotonic())
         try:
-            async for out in self.engine.generate(engine_request):
+            while True:
+                try:
+                    async with asyncio.timeout(self._patience_s(req)):
+                        out = await anext(outputs)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    # No output within the request's stall bound or before its deadline:
+                    # given up, its GPU time freed.
+                    gave_up = "expired" if req.expired(self.clock.time()) else "no_progress"
+                    await self.engine.abort(engine_request.request_id)
+                    break
+                self._in_hand.progressed_at = self.clock.monotonic()
                 now = self.clock.time()
                 if ttft is None and out.new_tokens:
                     ttft = now - started
@@ -268,13 +304,17 @@ class Serving:
                 if out.finished:
                     finish_reason = out.finish_reason
         finally:
+            self._in_hand.engine_done()
             run.prefill_tokens = 0
+            close = getattr(outputs, "aclose", None)  # an async generator: end it now
+            if close is not None:
+                await close()
         if run.lost:
             self._answers.count("taken_over", req)
             generating.set(taken_over=True)
             generating.end()
             return  # the new owner's generation answers it
-        if req.stream:
+        if req.stream and gave_up is None:
             tail = coalescer.flush()
             if tail is not None:
                 await send_chunk(tail)
@@ -283,21 +323,45 @@ class Serving:
                 if is_infrastructure(ack):
                     raise Retry from ack
                 raise ack
-        reason = degraded_reason(d)
-        if finish_reason == "error":
-            status, reason = ReplyStatus.ERROR, ReasonCode.ENGINE_ERROR
+        used: dict[str, Any] = {
+            "text": "".join(parts)[:REPLY_TEXT_LIMIT],
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "chunks": coalescer.chunks_sent,
+            "generation": generation,
+        }
+        if gave_up == "expired":
+            reply = self._answers.reply(
+                req.request_id,
+                ReplyStatus.EXPIRED,
+                ReasonCode.DEADLINE_EXCEEDED,
+                message="the deadline passed while the request was generating",
+                finish_reason="abort",
+                **used,
+            )
+        elif gave_up == "no_progress":
+            log.warning(
+                "a request made no progress; given up",
+                extra={"request_id": req.request_id, "stall_s": self.settings.request_stall_s},
+            )
+            reply = self._answers.reply(
+                req.request_id,
+                ReplyStatus.ERROR,
+                ReasonCode.ENGINE_ERROR,
+                code="no_progress",
+                message=f"the engine produced nothing for it in "
+                f"{self.settings.request_stall_s:g} s",
+                finish_reason="abort",
+                **used,
+            )
         else:
-            status = ReplyStatus.DEGRADED if reason is not ReasonCode.NONE else ReplyStatus.OK
-        reply = self._answers.reply(
-            req.request_id,
-            status,
-            reason,
-            text="".join(parts)[:REPLY_TEXT_LIMIT],
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            finish_reason=finish_reason,
-            chunks=coalescer.chunks_sent,
-            generation=generation,
-        )
+            reason = degraded_reason(d)
+            if finish_reason == "error":
+                status, reason = ReplyStatus.ERROR, ReasonCode.ENGINE_ERROR
+            else:
+                status = ReplyStatus.DEGRADED if reason is not ReasonCode.NONE else ReplyStatus.OK
+            reply = self._answers.reply(
+                req.request_id, status, reason, finish_reason=finish_reason, **used
+            )
         await self._answers.finish(d, started, ttft, reply, run)
         generating.end()

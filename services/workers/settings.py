@@ -41,6 +41,13 @@ class WorkerSettings(CommonSettings):
     claim_lease_s: float = Field(default=3.0, gt=0.1, le=300)
     """A running request's lease (``claims``), renewed every third of it: a killed
     worker's requests are taken over once their leases run out."""
+    engine_stall_s: float = Field(default=30.0, gt=0, le=3600)
+    """The engine produced no token for any of its requests for this long while it held
+    some: it is hung, and the worker fails (its supervisor restarts it with a fresh
+    engine; its requests, uncommitted, go to the next owner)."""
+    request_stall_s: float = Field(default=120.0, gt=0, le=3600)
+    """One request with no output for this long (queued in the engine included) is
+    given up: aborted in the engine and answered ``error`` (``no_progress``)."""
     max_attempts: int = Field(default=3, ge=1, le=100)
     """Claims of one request after which it is answered ``error`` instead of being
     generated again: a request that took that many workers down with it takes no more."""

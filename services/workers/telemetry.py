@@ -110,6 +110,7 @@ class Telemetry:
             prefill_pending_tokens=self._in_hand.prefill_pending_tokens,
             prefilled_tokens_total=self._in_hand.prefilled_tokens_total,
             completed_total=self._in_hand.completed_total,
+            stalled_s=min(86_400.0, self._in_hand.stalled_s(self.clock.monotonic())),
         )
         gpus = []
         for g in self.probe.sample():

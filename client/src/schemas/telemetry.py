@@ -161,6 +161,9 @@ class EngineStats(Message):
     the worker started: from two reports admission learns how fast it prefills."""
     completed_total: Count = 0
     """As ``WorkerHeartbeat.completed_total``: what ``in_flight`` already excludes."""
+    stalled_s: Seconds = 0.0
+    """How long the engine has produced no token while it held requests (0: idle, or
+    producing): the controller's ``engine_stalled_s`` breaker row reads it."""
 
 
 class GpuStats(Message):
