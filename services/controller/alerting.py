@@ -6,6 +6,9 @@
   is lost has its breaker open for that reason: it gets ``heartbeat_lost`` instead
   (one cause, one alert);
 - ``heartbeat_lost``: a worker not heard from past the heartbeat timeout (warning);
+- ``engine_stalled``: a worker whose engine produced no token for its breaker row's
+  threshold while holding requests (critical: its requests wait on a hung GPU until
+  the worker's watchdog restarts it); it replaces ``breaker_open`` for that worker;
 - ``degradation``: the pool's ladder engaged (warning; critical from level 3, when
   requests are answered from the static fallback);
 - ``long_prompt_share``: prompts over ``LONG_PROMPT_TOKENS`` above 30 % of the pool's
@@ -25,6 +28,8 @@ from services.controller.decider.pool import PoolDecider
 from services.controller.policy import Circuit
 from services.controller.policy.alerts import Condition
 
+STALLED = "engine_stalled_s"
+"""The breaker row of a worker whose engine stopped producing tokens."""
 STATIC_FALLBACK_LEVEL = 3
 """The ladder's rung at which requests get the static fallback (DESIGN)."""
 
@@ -53,6 +58,19 @@ def conditions(decider: PoolDecider) -> list[Condition]:
         if not acting or scope in lost:
             continue
         refusing = status.circuit is Circuit.OPEN or status.level >= BreakerLevel.REJECT_NEW
+        if STALLED in status.tripped:
+            found.append(
+                Condition(
+                    "engine_stalled",
+                    scope,
+                    pool,
+                    "critical",
+                    f"the engine of {scope} in pool {pool} produces no tokens for the "
+                    "requests it holds (isolated)",
+                    _evidence(decider, f"breaker/{scope}", "engine stalled"),
+                )
+            )
+            continue
         found.append(
             Condition(
                 "breaker_open",

@@ -26,6 +26,7 @@ AlertRule = Literal[
     "breaker_open",
     "degradation",
     "heartbeat_lost",
+    "engine_stalled",
     "long_prompt_share",
     "output_inconsistency",
     "hotspot_throttle",

@@ -59,7 +59,11 @@ class DeciderConfig:
 
     @property
     def gauge_window_s(self) -> float:
-        rows = (self.breaker.cpu_percent, self.breaker.gpu_memory_percent)
+        rows = (
+            self.breaker.cpu_percent,
+            self.breaker.gpu_memory_percent,
+            self.breaker.engine_stalled_s,
+        )
         rungs = (self.degradation.gpu_temperature_c, self.degradation.preemptions_per_s)
         return max(t.window_s for t in (*rows, *rungs))
 
@@ -122,6 +126,7 @@ def scaled_config(
             latency_p99_ms=_scaled(b.latency_p99_ms, k),
             cpu_percent=_scaled(b.cpu_percent, k),
             gpu_memory_percent=_scaled(b.gpu_memory_percent, k),
+            engine_stalled_s=_scaled(b.engine_stalled_s, k),
             probe_retry_s=b.probe_retry_s * k,
         ),
         degradation=DegradationConfig(

@@ -187,6 +187,7 @@ class PoolDecider(PoolState):
 
     def _on_engine_stats(self, worker: WorkerState, event: EngineStats, now: float) -> None:
         worker.memory_reserved = event.limits.gpu_memory_utilization
+        worker.stalled.record(now, event.stalled_s)
         # a total that went down is an engine that restarted: a new count, not preemptions
         previous_total, worker.preempted_total = worker.preempted_total, event.preempted_total
         preempted = 0 if previous_total is None else max(0, event.preempted_total - previous_total)
@@ -286,7 +287,7 @@ class PoolDecider(PoolState):
         self._observed.clear()
         for worker in workers:
             readings = breaker_readings(
-                cfg.breaker, now, worker.requests, worker.cpu, worker.gpu_memory
+                cfg.breaker, now, worker.requests, worker.cpu, worker.gpu_memory, worker.stalled
             )
             self.inputs[worker.scope] = _values(readings)
             self._breaker_decision(worker.breaker.evaluate(now, readings))

@@ -49,6 +49,8 @@ class WorkerState:
         self.requests = config.request_window()
         self.cpu = config.gauge_window()
         self.gpu_memory = config.gauge_window()
+        self.stalled = config.gauge_window()
+        """How long its engine has produced nothing while holding requests, per report."""
         self.breaker = Breaker(self.scope, config.breaker)
         self.batch: AdaptiveBatchLimit | None = None
         self.max_num_seqs: int | None = None

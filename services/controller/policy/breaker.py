@@ -6,6 +6,11 @@
 | ``latency_p99_ms``   | P99 > 2000 ms (1 min)| < 800 ms held 5 min  | 2 rate limit   |
 | ``cpu_percent``      | mean > 90% (30 s)    | < 70% held 10 min    | 3 reject new   |
 | ``gpu_memory_percent``| mean > 85% (30 s)   | < 60% held 3 min     | 4 emergency    |
+| ``engine_stalled_s`` | > 10 s (latest, 30 s)| < 1 s held 10 s      | 3 reject new   |
+
+The last row is seawall's, not DESIGN's: a worker whose engine has produced no token
+for 10 s while holding requests (``EngineStats.stalled_s``) is isolated and alerted on
+(``engine_stalled``) well before its own watchdog restarts it (``engine_stall_s``, 30 s).
 
 Each row is a hysteresis ``Latch``: it trips strictly past its threshold and recovers
 only after its recovery condition held for the full duration. Error rate and latency
@@ -54,6 +59,7 @@ class Signal(StrEnum):
     LATENCY_P99 = "latency_p99_ms"
     CPU = "cpu_percent"
     GPU_MEMORY = "gpu_memory_percent"
+    STALLED = "engine_stalled_s"
 
 
 HEARTBEAT = "heartbeat"
@@ -64,6 +70,7 @@ _ROW_LEVELS: Mapping[str, BreakerLevel] = {
     Signal.LATENCY_P99: BreakerLevel.RATE_LIMIT,
     Signal.CPU: BreakerLevel.REJECT_NEW,
     Signal.GPU_MEMORY: BreakerLevel.EMERGENCY,
+    Signal.STALLED: BreakerLevel.REJECT_NEW,
 }
 
 
@@ -81,6 +88,7 @@ LATENCY_ROW = Threshold(
 )
 CPU_ROW = Threshold(trip_above=90.0, recover_below=70.0, window_s=30.0, recover_hold_s=600.0)
 GPU_MEMORY_ROW = Threshold(trip_above=85.0, recover_below=60.0, window_s=30.0, recover_hold_s=180.0)
+STALLED_ROW = Threshold(trip_above=10.0, recover_below=1.0, window_s=30.0, recover_hold_s=10.0)
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class BreakerConfig:
     latency_p99_ms: Threshold = LATENCY_ROW
     cpu_percent: Threshold = CPU_ROW
     gpu_memory_percent: Threshold = GPU_MEMORY_ROW
+    engine_stalled_s: Threshold = STALLED_ROW
     error_rate_z: float = 2.5
     """One-sided z of the Wilson lower bound that must pass the error-rate trip (a
     chance of 6 in 1,000 per look that a worker at the threshold shows more): the row
@@ -110,6 +119,7 @@ class BreakerConfig:
             Signal.LATENCY_P99: self.latency_p99_ms,
             Signal.CPU: self.cpu_percent,
             Signal.GPU_MEMORY: self.gpu_memory_percent,
+            Signal.STALLED: self.engine_stalled_s,
         }
 
 
@@ -129,9 +139,11 @@ def breaker_readings(
     requests: RequestWindow,
     cpu_percent: GaugeWindow,
     gpu_memory_percent: GaugeWindow,
+    engine_stalled_s: GaugeWindow | None = None,
 ) -> dict[Signal, Reading | None]:
     """The matrix's signals over each row's window: error rate and P99 of the requests,
-    the mean of each gauge (one hot sample must not trip a row)."""
+    the mean of each gauge (one hot sample must not trip a row), and the latest stall a
+    worker reported (a duration: the newest is what holds; a pool has none)."""
     return {
         Signal.ERROR_RATE: requests.counts(now, config.error_rate.window_s).error_rate_reading(
             config.error_rate_z
@@ -141,6 +153,9 @@ def breaker_readings(
         Signal.GPU_MEMORY: gpu_memory_percent.stats(
             now, config.gpu_memory_percent.window_s
         ).mean_reading(),
+        Signal.STALLED: None
+        if engine_stalled_s is None
+        else engine_stalled_s.stats(now, config.engine_stalled_s.window_s).latest_reading(),
     }
 
 

@@ -320,6 +320,11 @@ class GaugeStats:
     def max_reading(self) -> Reading | None:
         return None if self.maximum is None else Reading(self.maximum, self.count)
 
+    def latest_reading(self) -> Reading | None:
+        """The newest sample: for a gauge that is itself a duration (how long something
+        has lasted), what holds now."""
+        return None if self.latest is None else Reading(self.latest, self.count)
+
 
 class GaugeWindow(_Window[_GaugeBucket]):
     def __init__(self, size_s: float = 600.0, step_s: float = 10.0) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import BreakerState, WorkerReport
+from schemas import BreakerState, EngineStats, WorkerReport
 from services.controller.alerting import conditions
 from services.controller.decider.config import DeciderConfig
 from services.controller.policy import HeartbeatConfig
 from services.workers.policy.summary import RequestSummarizer
-from tests.unit.controller.decider.test_pool import T0, Fleet, gpu, heartbeat
+from tests.unit.controller.decider.test_pool import T0, Fleet, engine_stats, gpu, heartbeat
 
 pytestmark = pytest.mark.unit
 
@@ -127,3 +127,34 @@ def test_shadow_runs_that_agree_raise_nothing() -> None:
     fleet.feed(shadow_report(T0, checks=50, mismatches=2))
     fleet.tick()
     assert conditions(fleet.decider) == []
+
+
+def test_a_stalled_engine_isolates_its_worker_with_one_critical_alert_until_it_produces() -> None:
+    """A worker reporting requests in flight and no token for over 10 s: its breaker
+    opens on ``engine_stalled_s`` (level 3: isolated), one ``engine_stalled`` alert
+    (not also ``breaker_open``); tokens again, held 10 s: half-open, the alert gone."""
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), heartbeat("w2", T0))
+    fleet.feed(stalled("w1", T0, 4.0), stalled("w2", T0, 0.0))
+    fleet.tick()
+    assert rules(fleet) == {}
+    fleet.tick(advance=8.0)
+    fleet.feed(stalled("w1", fleet.now, 12.0), heartbeat("w1", fleet.now))
+    fleet.tick()
+    assert rules(fleet) == {("engine_stalled", "worker:w1"): "critical"}
+    state = fleet.decider.in_force["breaker/worker:w1"]
+    assert isinstance(state, BreakerState)
+    assert (state.state, state.tripped) == ("open", ("engine_stalled_s",))
+    assert state.level >= 3
+    assert state.evidence.metrics["engine_stalled_s"] == 12.0
+    for _ in range(4):  # producing again, reported every 4 s: past the 10 s hold
+        fleet.feed(stalled("w1", fleet.now, 0.0), heartbeat("w1", fleet.now))
+        fleet.tick(advance=4.0)
+    after = fleet.decider.in_force["breaker/worker:w1"]
+    assert isinstance(after, BreakerState)
+    assert after.state == "half_open"
+    assert ("engine_stalled", "worker:w1") not in rules(fleet)
+
+
+def stalled(worker: str, at: float, seconds: float) -> EngineStats:
+    return engine_stats(worker, at).model_copy(update={"stalled_s": seconds})

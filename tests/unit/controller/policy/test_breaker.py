@@ -42,6 +42,7 @@ MATRIX = [
     Row(Signal.LATENCY_P99, 2000.0, 800.0, 60.0, 300.0, BreakerLevel.RATE_LIMIT),
     Row(Signal.CPU, 90.0, 70.0, 30.0, 600.0, BreakerLevel.REJECT_NEW),
     Row(Signal.GPU_MEMORY, 85.0, 60.0, 30.0, 180.0, BreakerLevel.EMERGENCY),
+    Row(Signal.STALLED, 10.0, 1.0, 30.0, 10.0, BreakerLevel.REJECT_NEW),  # seawall's own
 ]
 ids = [row.signal.value for row in MATRIX]
 
