@@ -6,7 +6,7 @@ import datetime as dt
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from services.common import sensitive
@@ -126,7 +126,14 @@ def test_short_digit_runs_without_context_are_not_flagged(length: int, data: st.
     number = data.draw(st.sampled_from("23456789")) + data.draw(
         st.text("0123456789", min_size=length - 1, max_size=length - 1)
     )
+    # "86" then a mobile number is that number with China's country code (written
+    # without its "+"): a phone number, flagged on purpose (see the next test).
+    assume(not (number.startswith("86") and is_mobile(number[2:])))
     assert detect(f"数量 {number} 件") == []
+
+
+def test_a_mobile_number_with_the_country_code_and_no_plus_is_flagged() -> None:
+    assert [f.kind for f in detect("数量 8613000000000 件")] == ["mobile"]
 
 
 @given(
