@@ -232,9 +232,12 @@ def analyse(
                 w.preemptions += stats.preempted_total - before
             previous_preempted[report.worker_id] = stats.preempted_total
         for gpu in report.gpus:
-            w.temperature.append(gpu.temperature_c)
-            w.power_w.append(gpu.power_w)
             simulated = simulated or gpu.simulated
+            if gpu.temperature_c is not None:
+                w.temperature.append(gpu.temperature_c)
+            if gpu.power_w is None:  # not reported (a MIG instance): no energy from it
+                continue
+            w.power_w.append(gpu.power_w)
             key = (report.worker_id, gpu.gpu_index)
             if key in last_power:
                 t0, p0 = last_power[key]

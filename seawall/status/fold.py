@@ -48,12 +48,14 @@ T = TypeVar("T", WorkerHeartbeat, EngineStats, GpuStats)
 
 @dataclass(frozen=True, slots=True)
 class GpuView:
+    """``None``: a figure the device does not report."""
+
     index: int
     name: str
-    utilization_pct: float
-    temperature_c: float
-    memory_used_bytes: int
-    memory_total_bytes: int
+    utilization_pct: float | None
+    temperature_c: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
     simulated: bool
 
 

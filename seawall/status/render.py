@@ -46,7 +46,9 @@ def _workers(status: FleetStatus) -> Table:
         if w.status not in (None, "serving"):
             state += f" ({w.status})"
         gpus = ", ".join(
-            f"{g.index}: {g.temperature_c:.0f}°C {g.utilization_pct:.0f}%"
+            f"{g.index}: "
+            + ("-" if g.temperature_c is None else f"{g.temperature_c:.0f}°C")
+            + ("" if g.utilization_pct is None else f" {g.utilization_pct:.0f}%")
             + (" sim" if g.simulated else "")
             for g in w.gpus
         )

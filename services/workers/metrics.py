@@ -4,6 +4,8 @@ request's class (``priority``)."""
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.workers.engine.base import GpuReading
@@ -119,12 +121,20 @@ GPU_CLOCK_EVENT = Gauge(
 def export_gpu(pool: str, g: GpuReading) -> None:
     """One GPU reading into the gauges."""
     gpu = str(g.index)
-    GPU_MEMORY.labels(pool, gpu).set(g.memory_used_bytes)
-    GPU_TEMPERATURE.labels(pool, gpu).set(g.temperature_c)
-    GPU_UTILIZATION.labels(pool, gpu).set(g.utilization_pct / 100.0)
-    GPU_MEMORY_COPY.labels(pool, gpu).set(g.memory_utilization_pct / 100.0)
-    GPU_POWER.labels(pool, gpu).set(g.power_w)
-    GPU_POWER_LIMIT.labels(pool, gpu).set(g.power_limit_w)
+    pct = 100.0
+    for gauge, value, scale in (
+        (GPU_MEMORY, g.memory_used_bytes, 1.0),
+        (GPU_TEMPERATURE, g.temperature_c, 1.0),
+        (GPU_UTILIZATION, g.utilization_pct, pct),
+        (GPU_MEMORY_COPY, g.memory_utilization_pct, pct),
+        (GPU_POWER, g.power_w, 1.0),
+        (GPU_POWER_LIMIT, g.power_limit_w, 1.0),
+    ):
+        if value is not None:
+            gauge.labels(pool, gpu).set(value / scale)
+        else:  # not reported by the device: no series, rather than a false 0
+            with contextlib.suppress(KeyError):
+                gauge.remove(pool, gpu)
     GPU_PCIE.labels(pool, gpu, "tx").set(g.pcie_tx_kbps * 1000.0)
     GPU_PCIE.labels(pool, gpu, "rx").set(g.pcie_rx_kbps * 1000.0)
     GPU_ECC.labels(pool, gpu, "corrected").set(g.ecc_corrected)

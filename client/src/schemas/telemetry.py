@@ -167,22 +167,28 @@ class EngineStats(Message):
 
 
 class GpuStats(Message):
-    """One GPU's state from NVML, or from the simulated engine (``simulated=True``)."""
+    """One GPU's state from NVML, or from the simulated engine (``simulated=True``).
+    A figure the device does not report (a MIG instance has no utilization or power of
+    its own; some boards report no power) is ``None``: missing, not zero."""
 
     type: Literal["gpu_stats"] = "gpu_stats"
     worker_id: Ident
     pool: Ident
     gpu_index: int = Field(ge=0, le=1024)
     name: ShortText
-    utilization_pct: Percent
-    memory_utilization_pct: Percent = 0.0
+    utilization_pct: Percent | None
+    memory_utilization_pct: Percent | None = 0.0
     """Memory bandwidth in use: the share of the sample period memory was read or
     written (NVML's memory utilization)."""
-    memory_used_bytes: Count
-    memory_total_bytes: Count
-    temperature_c: float = Field(ge=-50, le=200)
-    power_w: float = Field(ge=0, le=100_000)
-    power_limit_w: float = Field(ge=0, le=100_000)
+    memory_used_bytes: Count | None
+    """The device's (or MIG instance's) memory in use, every process's."""
+    memory_total_bytes: Count | None
+    process_memory_bytes: Count | None = None
+    """This worker's own processes' memory on the device (``None``: not attributable,
+    e.g. NVML lists PIDs of another namespace): what the controller judges when known."""
+    temperature_c: float | None = Field(ge=-50, le=200)
+    power_w: float | None = Field(ge=0, le=100_000)
+    power_limit_w: float | None = Field(ge=0, le=100_000)
     pcie_tx_kbps: float = Field(default=0, ge=0, le=1e9)
     pcie_rx_kbps: float = Field(default=0, ge=0, le=1e9)
     ecc_corrected: Count = 0

@@ -151,13 +151,18 @@ class PoolDecider(PoolState):
         if isinstance(event, EngineStats):
             self._on_engine_stats(worker, event, now)
         elif isinstance(event, GpuStats):
-            if worker.memory_reserved is not None:
-                headroom = memory_headroom_pct(
-                    event.memory_used_bytes, event.memory_total_bytes, worker.memory_reserved
-                )
+            # This worker's own processes' memory where known: another process on the
+            # same GPU must not restart this worker. A figure not reported is not judged.
+            used = event.process_memory_bytes
+            if used is None:
+                used = event.memory_used_bytes
+            total = event.memory_total_bytes
+            if worker.memory_reserved is not None and used is not None and total is not None:
+                headroom = memory_headroom_pct(used, total, worker.memory_reserved)
                 worker.gpu_memory.record(now, headroom)
                 self._gpu_memory.record(now, headroom)
-            self._gpu_temperature.record(now, event.temperature_c)
+            if event.temperature_c is not None:
+                self._gpu_temperature.record(now, event.temperature_c)
         else:
             if self.config.host_cpu_breaker:
                 worker.cpu.record(now, event.host_cpu_pct)

@@ -155,18 +155,23 @@ class GpuReading:
 
     index: int
     name: str
-    utilization_pct: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-    temperature_c: float
-    power_w: float
-    power_limit_w: float
+    utilization_pct: float | None
+    """``None`` (as every optional figure): the device does not report it (a MIG
+    instance, some boards)."""
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    temperature_c: float | None
+    power_w: float | None
+    power_limit_w: float | None
     pcie_tx_kbps: float = 0.0
     pcie_rx_kbps: float = 0.0
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     clock_event_reasons: tuple[str, ...] = ()
-    memory_utilization_pct: float = 0.0
+    memory_utilization_pct: float | None = 0.0
     """Share of the last sample period the memory was read or written (NVML's memory
     utilization, DCGM's ``DEV_MEM_COPY_UTIL``): how busy memory bandwidth is."""
+    process_memory_bytes: int | None = None
+    """The memory of this worker's own processes on the device (``None``: not known;
+    the device's use stands for it)."""
     simulated: bool = False

@@ -27,10 +27,13 @@ def gpu_stats(g: GpuReading, worker_id: str, pool: str, at: float) -> GpuStats:
         pool=pool,
         gpu_index=g.index,
         name=g.name[:512],
-        utilization_pct=min(100.0, g.utilization_pct),
-        memory_utilization_pct=min(100.0, g.memory_utilization_pct),
+        utilization_pct=None if g.utilization_pct is None else min(100.0, g.utilization_pct),
+        memory_utilization_pct=None
+        if g.memory_utilization_pct is None
+        else min(100.0, g.memory_utilization_pct),
         memory_used_bytes=g.memory_used_bytes,
         memory_total_bytes=g.memory_total_bytes,
+        process_memory_bytes=g.process_memory_bytes,
         temperature_c=g.temperature_c,
         power_w=g.power_w,
         power_limit_w=g.power_limit_w,

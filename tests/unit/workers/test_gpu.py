@@ -67,9 +67,25 @@ def test_without_a_driver_or_fallback_there_are_no_readings() -> None:
 
 
 class FakeDevice:
-    def __init__(self, **unsupported: bool) -> None:
+    def __init__(
+        self,
+        *,
+        name: str = "NVIDIA H100 80GB HBM3",
+        bus_id: str = "",
+        processes: tuple[tuple[int, int], ...] = (),
+        used: int = 60 * 1024**3,
+        total: int = 80 * 1024**3,
+        **unsupported: bool,
+    ) -> None:
         self.unsupported = unsupported
         self.clock_mask = 0x004 | 0x040  # sw power cap + hw thermal slowdown
+        self.name = name
+        self.bus_id = bus_id
+        self.processes = processes
+        """(pid, bytes) of the compute processes on it."""
+        self.used, self.total = used, total
+        self.board: FakeDevice | None = None
+        """Set for a MIG instance: its GPU."""
 
 
 def _not_supported() -> pynvml.NVMLError:
@@ -78,8 +94,14 @@ def _not_supported() -> pynvml.NVMLError:
 
 @dataclass
 class FakeNvml:
-    devices: list[FakeDevice] = field(default_factory=lambda: [FakeDevice(), FakeDevice()])
+    devices: list[FakeDevice] = field(
+        default_factory=lambda: [
+            FakeDevice(bus_id="00000000:07:00.0"),
+            FakeDevice(bus_id="00000000:0F:00.0"),
+        ]
+    )
     calls: dict[str, int] = field(default_factory=lambda: {"init": 0, "shutdown": 0})
+    migs: dict[str, FakeDevice] = field(default_factory=dict)
 
 
 @pytest.fixture
@@ -117,7 +139,23 @@ def nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
         for i, device in enumerate(devices):
             if uuid == f"GPU-{i:04d}":
                 return device
+        if uuid in fake.migs:
+            return fake.migs[uuid]
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def index_of(d: FakeDevice) -> int:
+        if d.board is not None:  # NVML has no index for a MIG instance
+            raise _not_supported()
+        return devices.index(d)
+
+    def board_of(d: FakeDevice) -> FakeDevice:
+        assert d.board is not None
+        return d.board
+
+    def processes(d: FakeDevice) -> list[SimpleNamespace]:
+        if d.unsupported.get("list_processes"):
+            raise _not_supported()
+        return [SimpleNamespace(pid=pid, usedGpuMemory=b) for pid, b in d.processes]
 
     patches: dict[str, Any] = {
         "nvmlInit": init,
@@ -125,17 +163,20 @@ def nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
         "nvmlDeviceGetCount": lambda: len(devices),
         "nvmlDeviceGetHandleByIndex": lambda i: devices[i],
         "nvmlDeviceGetHandleByUUID": by_uuid,
-        "nvmlDeviceGetIndex": lambda d: devices.index(d),
-        "nvmlDeviceGetName": optional("name", lambda d: "NVIDIA H100 80GB HBM3"),
+        "nvmlDeviceGetIndex": index_of,
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": board_of,
+        "nvmlDeviceGetPciInfo": lambda d: SimpleNamespace(busId=d.bus_id.encode()),
+        "nvmlDeviceGetComputeRunningProcesses": processes,
+        "nvmlDeviceGetName": optional("name", lambda d: d.name),
         "nvmlDeviceGetUtilizationRates": optional(
             "utilization", lambda d: SimpleNamespace(gpu=87, memory=40)
         ),
-        "nvmlDeviceGetMemoryInfo": lambda d: SimpleNamespace(
-            used=60 * 1024**3, total=80 * 1024**3, free=20 * 1024**3
+        "nvmlDeviceGetMemoryInfo": optional(
+            "memory", lambda d: SimpleNamespace(used=d.used, total=d.total, free=d.total - d.used)
         ),
-        "nvmlDeviceGetTemperature": lambda d, sensor: 71,
-        "nvmlDeviceGetPowerUsage": lambda d: 612_500,
-        "nvmlDeviceGetEnforcedPowerLimit": lambda d: 700_000,
+        "nvmlDeviceGetTemperature": optional("temperature", lambda d: 71),
+        "nvmlDeviceGetPowerUsage": optional("power", lambda d: 612_500),
+        "nvmlDeviceGetEnforcedPowerLimit": optional("power", lambda d: 700_000),
         "nvmlDeviceGetPcieThroughput": pcie,
         "nvmlDeviceGetTotalEccErrors": ecc,
         "nvmlDeviceGetCurrentClocksEventReasons": optional("clocks", lambda d: d.clock_mask),
@@ -168,6 +209,7 @@ def test_nvml_reading_converts_units(nvml: FakeNvml) -> None:
         ecc_uncorrected=1,
         clock_event_reasons=("sw_power_cap", "hw_thermal_slowdown"),
         memory_utilization_pct=40.0,
+        process_memory_bytes=0,  # no process on it, so none of ours
         simulated=False,
     )
     assert second.index == 1
@@ -209,11 +251,76 @@ def test_unsupported_clock_reasons_read_as_none(nvml: FakeNvml) -> None:
     assert reading.clock_event_reasons == ()
 
 
-def test_a_required_field_failing_raises_with_the_device(nvml: FakeNvml) -> None:
-    nvml.devices[1] = FakeDevice(utilization=True)
-    probe = NvmlProbe()
-    with pytest.raises(GpuProbeError, match="GPU 1"):
-        probe.sample()
+def test_every_figure_is_optional_and_a_missing_one_reads_as_missing(nvml: FakeNvml) -> None:
+    """A board that reports neither utilization, power, temperature nor memory (nor its
+    processes) is read all the same, each missing figure ``None`` — never an error that
+    would crash-loop the worker."""
+    nvml.devices[1] = FakeDevice(
+        utilization=True, power=True, temperature=True, memory=True, list_processes=True
+    )
+    nvml.devices[1].unsupported["name"] = True
+    first, second = NvmlProbe().sample()
+    assert (second.utilization_pct, second.memory_utilization_pct) == (None, None)
+    assert (second.power_w, second.power_limit_w, second.temperature_c) == (None, None, None)
+    assert (second.memory_used_bytes, second.memory_total_bytes) == (None, None)
+    assert second.process_memory_bytes is None
+    assert second.name == "unknown"
+    assert first.power_w == 612.5
+
+
+def test_memory_is_attributed_to_this_workers_processes(nvml: FakeNvml) -> None:
+    """Another process on the same GPU holds 50 GiB: this worker's processes (itself and
+    its engine core child) hold 12 GiB, and that is what it reports as its own."""
+    gib = 1024**3
+    nvml.devices[0] = FakeDevice(processes=((100, 10 * gib), (101, 2 * gib), (999, 50 * gib)))
+    nvml.devices[1] = FakeDevice(processes=((5000, 30 * gib),))  # PIDs of another namespace
+    first, second = NvmlProbe(pids=lambda: {100, 101}).sample()
+    assert first.process_memory_bytes == 12 * gib
+    assert first.memory_used_bytes == 60 * gib  # the device's, every process's
+    assert second.process_memory_bytes is None  # listed, none ours: not attributable
+
+
+def test_cuda_indices_follow_cudas_device_order_not_nvmls(nvml: FakeNvml) -> None:
+    """NVML index 0 sits on PCI bus 0F, index 1 on bus 07: CUDA's device 0 is the one
+    on bus 07 (by bus id, and fastest-first between equal GPUs)."""
+    nvml.devices[0].bus_id, nvml.devices[1].bus_id = "00000000:0F:00.0", "00000000:07:00.0"
+    assert [r.index for r in NvmlProbe(("0",), device_order="PCI_BUS_ID").sample()] == [1]
+    assert [r.index for r in NvmlProbe(("0",), device_order="FASTEST_FIRST").sample()] == [1]
+    assert [r.index for r in NvmlProbe(("1", "0")).sample()] == [0, 1]
+
+
+def test_indices_on_a_host_of_mixed_gpus_are_warned_about(
+    nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml.devices[1].name = "NVIDIA A100-SXM4-80GB"
+    NvmlProbe(("0",))
+    assert "Name them by UUID" in caplog.text
+    caplog.clear()
+    NvmlProbe(("0",), device_order="PCI_BUS_ID")  # the order is known: no warning
+    NvmlProbe(("GPU-0001",))
+    assert "Name them by UUID" not in caplog.text
+
+
+def test_a_mig_instance_reads_its_own_memory_and_its_gpus_board_figures(
+    nvml: FakeNvml,
+) -> None:
+    """A MIG instance has no utilization or power of its own (NVML: not supported):
+    those are missing; its memory and processes are its own; temperature is its GPU's,
+    and it is reported under its GPU's index."""
+    gib = 1024**3
+    mig = FakeDevice(
+        utilization=True, power=True, temperature=True, used=5 * gib, total=10 * gib,
+        processes=((100, 4 * gib),),
+    )  # fmt: skip
+    mig.board = nvml.devices[1]
+    nvml.migs["MIG-abcd"] = mig
+    (reading,) = NvmlProbe(("MIG-abcd",), pids=lambda: {100}).sample()
+    assert reading.index == 1
+    assert (reading.memory_used_bytes, reading.memory_total_bytes) == (5 * gib, 10 * gib)
+    assert reading.process_memory_bytes == 4 * gib
+    assert reading.utilization_pct is None
+    assert reading.temperature_c == 71.0  # the board's
+    assert reading.power_w == 612.5
 
 
 def test_close_shuts_nvml_down_once(nvml: FakeNvml) -> None:
@@ -294,7 +401,9 @@ def test_visible_devices_reads_cuda_visible_devices_as_cuda_does(
 def test_a_worker_reads_only_its_own_gpus(nvml: FakeNvml) -> None:
     """On a host of four GPUs, a worker given GPU 2 (by index) or GPU 3 (by UUID) reads
     that one, reported by NVML's own index; without a list it reads them all."""
-    nvml.devices.extend([FakeDevice(), FakeDevice()])
+    nvml.devices.extend(
+        [FakeDevice(bus_id="00000000:10:00.0"), FakeDevice(bus_id="00000000:11:00.0")]
+    )
     assert [r.index for r in NvmlProbe().sample()] == [0, 1, 2, 3]
     assert [r.index for r in NvmlProbe(("2",)).sample()] == [2]
     assert [r.index for r in NvmlProbe(("GPU-0003", "0")).sample()] == [3, 0]

@@ -399,6 +399,32 @@ def test_vllm_preallocation_does_not_trip_the_memory_breaker_but_a_leak_does() -
     assert breaker.incarnation == "first"  # the process to restart, not its successor
 
 
+def test_another_processs_memory_on_the_gpu_does_not_restart_this_worker() -> None:
+    """The board is 99 % used, but this worker's own processes hold only its 90 %
+    reservation (``process_memory_bytes``): nothing trips. Where its processes cannot be
+    told apart (``None``), the device's use is judged, as before; figures the device
+    does not report (a MIG instance) are not judged at all."""
+    fleet = Fleet()
+    fleet.feed(heartbeat("w1", T0), engine_stats("w1", T0, gpu_memory_utilization=0.9))
+    own = int(0.9 * 80 * GIB)
+    for _ in range(40):
+        crowded = gpu("w1", fleet.now, memory_pct=99.0).model_copy(
+            update={"process_memory_bytes": own}
+        )
+        blind = crowded.model_copy(
+            update={"gpu_index": 1, "memory_used_bytes": None, "temperature_c": None,
+                    "power_w": None, "utilization_pct": None}
+        )  # fmt: skip
+        fleet.feed(heartbeat("w1", fleet.now), crowded, blind)
+        fleet.tick(1.0)
+    assert set(breaker_states(fleet.events, "worker:w1")) == {"closed"}
+    for _ in range(40):  # not attributable: the device's use is all there is to judge
+        unknown = gpu("w1", fleet.now, memory_pct=99.0)
+        fleet.feed(heartbeat("w1", fleet.now), unknown)
+        fleet.tick(1.0)
+    assert breaker_states(fleet.events, "worker:w1")[-1] == "open"
+
+
 def test_a_restart_order_names_the_process_heard_from_not_a_time() -> None:
     """The replacement process (a new incarnation) is not named by the order its
     predecessor got, so it never obeys it, whatever the clocks of the two hosts."""
