@@ -3,13 +3,17 @@ of requests from async clients (the SDK) of every tier into ``seawall up``, whil
 ingress, admission, the main worker streaming the most, and the controller are each
 SIGKILLed in turn and Redis is cut off for a few seconds. Everything is counted, not
 sampled: each call's chunks and terminal replies as the caller saw them, the consumer
-lag of ingress and admission while they were down (the backlog), and how long the
-killed worker's requests took to be answered by another."""
+lag of ingress and admission while they were down (the backlog), and what became of the
+killed worker's requests: those it held when it died (read from its heartbeats'
+partitions and the dispatch topic) complete elsewhere — a normal reply for a
+non-streamed request or one that had shown no text yet (kill → completion timed), the
+documented ``stream_interrupted`` for a stream that had (kill → that error timed)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import signal
 import statistics
 import time
@@ -19,8 +23,17 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from schemas import InferenceReply, Priority, ReasonCode, ReplyChunk, ReplyStatus
+from schemas import (
+    InferenceReply,
+    Priority,
+    ReasonCode,
+    ReplyChunk,
+    ReplyStatus,
+    WorkerHeartbeat,
+    WorkerReport,
+)
 from seawall_client import SeawallClient
+from seawall_client.serde import DISPATCH, TELEMETRY, DecodeError, decode
 from services.common.bus import make_consumer, topics_of
 from services.common.lifecycle import cancel_tasks
 from tests.faults import TcpProxy
@@ -32,8 +45,10 @@ class Call:
     request_id: str
     tier: str
     sent_at: float
+    stream: bool = True
     chunks: list[ReplyChunk] = field(default_factory=list)
     terminals: list[InferenceReply] = field(default_factory=list)
+    first_chunk_at: float | None = None
     done_at: float | None = None
     error: BaseException | None = None
 
@@ -54,10 +69,13 @@ class Call:
     @property
     def coherent(self) -> bool:
         """Its streamed text is its terminal reply's text, or the stream ended with the
-        documented ``stream_interrupted`` error (never two generations spliced)."""
+        documented ``stream_interrupted`` error (never two generations spliced); a call
+        not streamed saw no chunk."""
         t = self.terminal
         if t is None:
             return False
+        if not self.stream:
+            return not self.chunks
         if t.reason is ReasonCode.STREAM_INTERRUPTED:
             return True
         if t.status not in (ReplyStatus.OK, ReplyStatus.DEGRADED) or t.text == "":
@@ -67,14 +85,21 @@ class Call:
 
 async def send(client: SeawallClient, call: Call, max_tokens: int, timeout_s: float) -> None:
     try:
+        prompt = f"question {call.request_id}"
+        if not call.stream:
+            reply = await client.complete(
+                prompt, max_tokens=max_tokens, request_id=call.request_id, timeout_s=timeout_s
+            )
+            call.terminals.append(reply)
+            call.done_at = time.monotonic()
+            return
         async for item in client.stream(
-            f"question {call.request_id}",
-            max_tokens=max_tokens,
-            request_id=call.request_id,
-            timeout_s=timeout_s,
+            prompt, max_tokens=max_tokens, request_id=call.request_id, timeout_s=timeout_s
         ):
             if isinstance(item, ReplyChunk):
                 call.chunks.append(item)
+                if call.first_chunk_at is None:
+                    call.first_chunk_at = time.monotonic()
             else:
                 call.terminals.append(item)
                 call.done_at = time.monotonic()
@@ -170,12 +195,63 @@ class LagSampler:
         return sum(max(0, ends[tp] - c) for tp, c in zip(tps, committed, strict=True))
 
 
+class DispatchWatch:
+    """Reads a pool's dispatch topic and the telemetry while the matrix runs: where each
+    request was dispatched (partition, when), and the dispatch partitions each worker
+    owned by its latest heartbeat."""
+
+    def __init__(self, stack: Stack, pool: str) -> None:
+        self._stack = stack
+        self._topics = topics_of(stack.settings)
+        self._pool = pool
+        self.dispatched: dict[str, tuple[int, float]] = {}
+        """Request id (the caller's, without an attempt's suffix) → (partition, when:
+        the record's timestamp, epoch seconds) of its first dispatch."""
+        self.partitions: dict[str, tuple[int, ...]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> DispatchWatch:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        await cancel_tasks({self._task})
+
+    async def _run(self) -> None:
+        dispatch, telemetry = self._topics.dispatch(self._pool), self._topics.telemetry
+        reader = make_consumer(self._stack.settings, dispatch, telemetry, group_id=None)
+        await reader.start()
+        try:
+            while True:
+                for records in (await reader.getmany(timeout_ms=200)).values():
+                    for r in records:
+                        with contextlib.suppress(DecodeError):
+                            self._read(r.topic == dispatch, r.value, r.partition, r.timestamp)
+        finally:
+            await reader.stop()
+
+    def _read(self, dispatch: bool, value: bytes, partition: int, timestamp_ms: int) -> None:
+        if dispatch:
+            d = decode(DISPATCH, value)
+            if d.shadow_of is None:
+                base = d.request.request_id.split(".", 1)[0]
+                self.dispatched.setdefault(base, (partition, timestamp_ms / 1000))
+            return
+        msg = decode(TELEMETRY, value)
+        beat = msg.heartbeat if isinstance(msg, WorkerReport) else msg
+        if isinstance(beat, WorkerHeartbeat) and beat.pool == self._pool:
+            self.partitions[beat.worker_id] = beat.partitions
+
+
 @dataclass
 class Traffic:
     rate_per_s: float
     duration_s: float
     max_tokens: int
     timeout_s: float = 150.0
+    non_streamed_every: int = 2
+    """Every n-th request is sent with ``complete`` (no stream), the rest streamed."""
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -236,6 +312,7 @@ async def kill_matrix(
         # The main worker streaming the most requests now: its requests are mid-flight.
         name = streaming().most_common(1)[0][0]
         victim["name"] = name
+        victim["partitions"] = set(watch.partitions.get(name, ()))  # by its last heartbeat
         victim["at"] = time.time()
         return kill_and_note(name)()
 
@@ -258,7 +335,7 @@ async def kill_matrix(
         f"{prefix}seawall.admission": [topics.requests(p) for p in Priority],
     }
     tasks: list[asyncio.Task[None]] = []
-    async with LagSampler(stack, groups) as lag:
+    async with LagSampler(stack, groups) as lag, DispatchWatch(stack, "main") as watch:
         start = time.monotonic()
         pending = list(faults)
         n = int(traffic.rate_per_s * traffic.duration_s)
@@ -273,7 +350,9 @@ async def kill_matrix(
                     fault.done_at = time.monotonic()
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             tier = tiers[i % len(tiers)]
-            call = Call(f"km{i:05d}", tier, time.monotonic())
+            call = Call(
+                f"km{i:05d}", tier, time.monotonic(), stream=i % traffic.non_streamed_every != 0
+            )
             calls.append(call)
             tasks.append(
                 asyncio.create_task(
@@ -307,7 +386,29 @@ async def kill_matrix(
             ch.worker_id == victim["name"] and ch.generation < kill_generation for ch in c.chunks
         )
     ]
-    failover = sorted(c.done_at - killed_at for c in moved if c.done_at is not None)
+    interrupted_after = sorted(c.done_at - killed_at for c in moved if c.done_at is not None)
+    # Every request the killed worker held when it died: dispatched before the kill to a
+    # partition it owned, not answered by then. Those that had shown no text (queued,
+    # or not streamed) must complete elsewhere as if nothing happened.
+    victim_partitions: set[int] = victim["partitions"]
+    on_victim = [
+        c
+        for c in calls
+        if (where := watch.dispatched.get(c.request_id)) is not None
+        and where[0] in victim_partitions
+        and where[1] < victim["at"]
+        and (c.done_at is None or c.done_at > killed_at)
+    ]
+    showed_text = [
+        c for c in on_victim if c.first_chunk_at is not None and c.first_chunk_at < killed_at
+    ]
+    to_complete = [c for c in on_victim if c not in showed_text]
+    completed = [
+        c
+        for c in to_complete
+        if c.terminal is not None and c.terminal.status in (ReplyStatus.OK, ReplyStatus.DEGRADED)
+    ]
+    to_completion = sorted(c.done_at - killed_at for c in completed if c.done_at is not None)
     terminal = [c for c in calls if c.terminal is not None]
     by_status = collections.Counter(c.terminal.status.value for c in terminal if c.terminal)
     return {
@@ -346,10 +447,27 @@ async def kill_matrix(
         "backlog_sampling_errors": dict(lag.errors),
         "faults_at_s": {f.name: round((f.done_at or 0) - start, 1) for f in faults},
         "killed_worker": victim["name"],
+        "killed_worker_partitions": sorted(victim_partitions),
         "killed_worker_in_flight": len(moved),
-        "failover_s": [round(x, 2) for x in failover],
-        "failover_s_p50": percentile(failover, 50),
-        "failover_s_p99": percentile(failover, 99),
+        "stream_interrupted_after_s": [round(x, 2) for x in interrupted_after],
+        "stream_interrupted_after_s_p99": percentile(interrupted_after, 99),
+        "on_killed_worker": {
+            "held": len(on_victim),
+            "showed_text": len(showed_text),
+            "to_complete": len(to_complete),
+            "non_streamed": sum(1 for c in to_complete if not c.stream),
+            "completed_elsewhere": len(completed),
+            "not_completed": [
+                f"{c.request_id}: {c.terminal.status.value}/{c.terminal.reason.value}"
+                if c.terminal
+                else f"{c.request_id}: {c.error!r}"
+                for c in to_complete
+                if c not in completed
+            ],
+        },
+        "failover_to_completion_s": [round(x, 2) for x in to_completion],
+        "failover_to_completion_s_p50": percentile(to_completion, 50),
+        "failover_to_completion_s_p99": percentile(to_completion, 99),
         "restarted": restarted,
         "redis_connections_refused_while_cut": redis_proxy.refused,
         "served_after": after.status.value,

@@ -1,10 +1,11 @@
 """Nothing lost while every part dies in turn (``tests.chaos.kill_matrix``): an
-open-loop stream of streamed requests from the three tiers into ``seawall up`` while
+open-loop stream of requests (streamed and not) from the three tiers into ``seawall up`` while
 ingress, admission, the main worker streaming the most and the controller are each
 SIGKILLed and Redis is cut off for 5 s, each one while the backlog of the part before
 is still being worked off. Every request must end with exactly one terminal reply at
 its caller, nothing twice, no stream spliced from two generations, and the stack must
-serve afterwards."""
+serve afterwards. The requests the killed worker held and had shown no text of (queued
+there, or not streamed) complete elsewhere with a normal reply."""
 
 from __future__ import annotations
 
@@ -44,4 +45,8 @@ async def test_kill_matrix_loses_nothing_and_the_stack_serves_after(
     assert all(report["restarted"].values()), report["restarted"]
     assert report["redis_connections_refused_while_cut"] > 0
     assert report["killed_worker_in_flight"] > 0, f"nothing was taken over: {report}"
+    held = report["on_killed_worker"]
+    assert held["to_complete"] > 0, f"the killed worker held nothing unshown: {report}"
+    assert held["not_completed"] == []
+    assert held["completed_elsewhere"] == held["to_complete"]
     assert report["by_status"].get("ok", 0) > 0
