@@ -48,7 +48,6 @@ class Call:
     stream: bool = True
     chunks: list[ReplyChunk] = field(default_factory=list)
     terminals: list[InferenceReply] = field(default_factory=list)
-    first_chunk_at: float | None = None
     done_at: float | None = None
     error: BaseException | None = None
 
@@ -98,8 +97,6 @@ async def send(client: SeawallClient, call: Call, max_tokens: int, timeout_s: fl
         ):
             if isinstance(item, ReplyChunk):
                 call.chunks.append(item)
-                if call.first_chunk_at is None:
-                    call.first_chunk_at = time.monotonic()
             else:
                 call.terminals.append(item)
                 call.done_at = time.monotonic()
@@ -388,7 +385,7 @@ async def kill_matrix(
     ]
     interrupted_after = sorted(c.done_at - killed_at for c in moved if c.done_at is not None)
     # Every request the killed worker held when it died: dispatched before the kill to a
-    # partition it owned, not answered by then. Those that had shown no text (queued,
+    # partition it owned, not answered by then. Those that show no text of its (queued,
     # or not streamed) must complete elsewhere as if nothing happened.
     victim_partitions: set[int] = victim["partitions"]
     on_victim = [
@@ -399,8 +396,14 @@ async def kill_matrix(
         and where[1] < victim["at"]
         and (c.done_at is None or c.done_at > killed_at)
     ]
+    # Text shown is text of the dead generation, whenever it reached the caller: chunks
+    # the killed worker produced just before dying arrive a broker hop after the kill.
     showed_text = [
-        c for c in on_victim if c.first_chunk_at is not None and c.first_chunk_at < killed_at
+        c
+        for c in on_victim
+        if any(
+            ch.worker_id == victim["name"] and ch.generation < kill_generation for ch in c.chunks
+        )
     ]
     to_complete = [c for c in on_victim if c not in showed_text]
     completed = [
