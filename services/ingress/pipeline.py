@@ -45,7 +45,7 @@ from seawall_client.serde import DecodeError, describe, encode
 from seawall_client.signing import key_id_of
 from seawall_client.topics import RedisKeys, Topics
 from seawall_client.tracecontext import TraceContext
-from services.common.sensitive import Finding, screen, summary
+from services.common.sensitive import MAX_FINDINGS, Finding, screen, summary
 from services.common.tokenizer import count_tokens
 from services.ingress import metrics as m
 from services.ingress.arrivals import ArrivalCounter
@@ -62,6 +62,9 @@ from services.ingress.settings import IngressSettings
 log = logging.getLogger(__name__)
 
 ABORT_MARKER_MARGIN_S = 60
+ABORT_CAUSES = frozenset({"client_abort", "timeout", "disconnect", "shutdown"})
+"""The causes ingress and the SDK give an abort (what ``seawall_ingress_aborts_total``
+counts by name)."""
 _KEY_ID = re.compile(r"[0-9a-f]{12}")
 
 
@@ -312,7 +315,8 @@ class IngressPipeline:
         screenings = [screen(t, policy) for t in texts]
         findings = [f for sc in screenings for f in sc.findings]
         if findings:
-            refusal = await self._sensitive(principal, request.request_id, findings)
+            flooded = any(sc.flooded for sc in screenings) or len(findings) > MAX_FINDINGS
+            refusal = await self._sensitive(principal, request.request_id, findings, flooded)
             if refusal is not None:
                 return refusal
         deadline = now + s.default_deadline_s
@@ -345,10 +349,11 @@ class IngressPipeline:
             return invalid("schema_violation", describe(e), param_of(e))
 
     async def _sensitive(
-        self, principal: Principal, request_id: str, findings: list[Finding]
+        self, principal: Principal, request_id: str, findings: list[Finding], flooded: bool
     ) -> Refusal | None:
-        """Count (per kind, never the values), audit a block; the refusal if blocked."""
-        action = principal.policy.sensitive
+        """Count (per kind, never the values), audit a block; the refusal if blocked —
+        always when ``flooded`` (more findings than any request may hold)."""
+        action = "block" if flooded else principal.policy.sensitive
         counts = summary(findings)
         for kind, n in counts.items():
             m.SENSITIVE_FINDINGS.labels(kind, action).inc(n)
@@ -366,6 +371,13 @@ class IngressPipeline:
             {"request_id": request_id} | {kind: str(n) for kind, n in counts.items()},
             action="request_blocked",
         )
+        if flooded:
+            return Refusal(
+                ReasonCode.SENSITIVE_DATA,
+                "too_much_sensitive_data",
+                f"The prompt holds more than {MAX_FINDINGS} pieces of sensitive data; it is "
+                "refused whatever the tenant's policy.",
+            )
         return Refusal(
             ReasonCode.SENSITIVE_DATA,
             "sensitive_data",
@@ -391,12 +403,18 @@ class IngressPipeline:
     ) -> None:
         """Mark a published request as unwanted: admission answers it ``cancelled``
         instead of dispatching it. The marker outlives the request's deadline (after
-        which admission expires it anyway) by ``ABORT_MARKER_MARGIN_S``."""
-        deadline = deadline_at if deadline_at is not None else self._clock.time()
-        ttl = max(1, math.ceil(deadline - self._clock.time())) + ABORT_MARKER_MARGIN_S
+        which admission expires it anyway) by ``ABORT_MARKER_MARGIN_S`` — and no request
+        lives longer than ``default_deadline_s`` (ingress caps every deadline to it), so
+        neither does a marker, whatever deadline an abort record claims (one of 73 years
+        was kept 73 years). ``cause`` counts under its name only if it is one of
+        ``ABORT_CAUSES`` (``other`` else): a producer cannot mint metric series."""
+        now = self._clock.time()
+        deadline = deadline_at if deadline_at is not None else now
+        life_s = min(max(1.0, deadline - now), self.settings.default_deadline_s)
+        ttl = math.ceil(life_s) + ABORT_MARKER_MARGIN_S
         key = self._redis_keys.abort(tenant, request_id)
         await cast(Any, self._redis.set(key, cause, ex=ttl))
-        m.ABORTS.labels(cause).inc()
+        m.ABORTS.labels(cause if cause in ABORT_CAUSES else "other").inc()
 
 
 def _texts(request: InferenceRequest) -> list[str]:

@@ -415,6 +415,31 @@ async def test_sensitive_data_blocked_or_redacted_per_tenant(
     assert all("hunter22" not in str(r.__dict__) for r in caplog.records)
 
 
+async def test_a_screen_bomb_is_refused_whatever_the_policy_and_others_are_served(
+    client: httpx.AsyncClient, downstream: Downstream, keys: Keys
+) -> None:
+    """A prompt of thousands of sensitive findings (``"pwd:x "`` over 16 KiB) is refused
+    before any redaction, even for a tenant whose policy redacts; the same tenant's
+    request with a couple of findings is still redacted and served."""
+    bomb = ("pwd:x " * 3000)[:15_000]
+    body = {"messages": [{"role": "user", "content": bomb}]}
+    for key in (keys.enterprise, keys.blocking):  # redact and block policies alike
+        refused = await client.post("/v1/chat/completions", json=body, headers=Keys.auth(key))
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "too_much_sensitive_data"
+
+    async def respond(req: InferenceRequest) -> None:
+        await downstream.answer(req, "noted")
+
+    fine = {"messages": [{"role": "user", "content": "pwd: a1 and pwd: b2"}]}
+    response, _, _, req = await answered(
+        client, downstream, respond, "/v1/chat/completions", fine, Keys.auth(keys.enterprise)
+    )
+    assert response.status_code == 200
+    assert req.messages is not None
+    assert req.messages[0].content == "pwd: [REDACTED:credential] and pwd: [REDACTED:credential]"
+
+
 async def test_health_models_and_metrics(client: httpx.AsyncClient, keys: Keys) -> None:
     assert (await client.get("/health")).json() == {"status": "ok"}
     r = await client.post(

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from schemas import (
     AbortRequest,
@@ -327,6 +328,37 @@ async def test_aborts_from_live_keys_mark_their_request_others_are_dead_lettered
         await asyncio.sleep(0.05)
     assert 30 < await redis.ttl(marks.abort("pro-co", "ab-1")) <= 31 + ABORT_MARKER_MARGIN_S
     assert not await redis.exists(marks.abort("pro-co", "ab-2"))
+
+    # Hostile aborts from the same live key: a deadline 73 years out, causes of its own
+    # choosing. Each marker lives no longer than any request may (the ingress deadline
+    # cap), and no cause becomes a metric series of its own.
+    cap = ingress.settings.default_deadline_s
+    hostile = [
+        AbortRequest(
+            request_id=f"ab-h{i}",
+            api_key_id=key_id(keys.pro),
+            created_at=now,
+            deadline_at=now + 73 * 365 * 86_400,
+            cause=f"made_up_{'x' * i}",
+        )
+        for i in range(5)
+    ]
+    await produce_signed(settings, topics.ingress, [signed(a, keys.pro) for a in hostile])
+    last = marks.abort("pro-co", "ab-h4")
+    while not await redis.exists(last):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    for a in hostile:
+        ttl = await redis.ttl(marks.abort("pro-co", a.request_id))
+        assert 0 < ttl <= cap + ABORT_MARKER_MARGIN_S + 1
+    series = {
+        s.labels["cause"]
+        for metric in REGISTRY.collect()
+        if metric.name == "seawall_ingress_aborts"
+        for s in metric.samples
+    }
+    assert not any(c.startswith("made_up") for c in series)
+    assert "other" in series
 
 
 _JSON = st.recursive(

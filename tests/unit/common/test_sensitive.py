@@ -336,4 +336,41 @@ def test_the_cheap_tests_never_skip_a_scan_that_would_find_something(text: str) 
         sensitive._mobiles,
         sensitive._cards,
     )
-    assert detect(text) == sensitive._accept(text, every_scan)
+    assert detect(text) == sensitive._accept(text, every_scan, sensitive.MAX_FINDINGS)
+
+
+def test_a_flood_of_findings_is_refused_before_redaction_and_detection_stops_there() -> None:
+    bomb = ("pwd:x " * 3000)[:16_000]  # 2,666 credential findings
+    assert len(detect(bomb)) == sensitive.MAX_FINDINGS + 1
+    for policy in ("redact", "block"):
+        flooded = screen(bomb, policy)  # type: ignore[arg-type]
+        assert (flooded.action, flooded.flooded) == ("block", True)
+        assert flooded.text == bomb  # not redacted
+    at_the_cap = " ".join(["pwd:x"] * sensitive.MAX_FINDINGS)
+    within = screen(at_the_cap, "redact")
+    assert (within.action, within.flooded, len(within.findings)) == ("redact", False, 32)
+
+
+FRAGMENTS = st.sampled_from(
+    [
+        *("密码: hunter2 ", "pwd=abc ", "13812345678 ", "+86 138-1234-5678 "),
+        *("卡号 4111 1111 1111 1111 ", "11010519491231002X ", "order 4111111111111111 "),
+        *("sk-" + "a" * 24 + " ", "hello ", "12 "),
+    ]
+)
+
+
+@given(st.lists(FRAGMENTS, max_size=40))
+def test_the_findings_are_those_of_checking_each_against_every_one_before(
+    parts: list[str],
+) -> None:
+    """The bisect keeps exactly what comparing each candidate with every accepted one
+    kept (the quadratic rule it replaced), whatever the mix."""
+    text = "".join(parts)
+    scans = [sensitive._credentials, sensitive._resident_ids, sensitive._mobiles, sensitive._cards]
+    expected: list[Finding] = []
+    for scan in scans:
+        for f in scan(text):
+            if all(f.end <= a.start or a.end <= f.start for a in expected):
+                expected.append(f)
+    assert detect(text, limit=10_000) == sorted(expected)
