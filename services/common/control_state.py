@@ -17,6 +17,12 @@ it, and whoever applied it falls back to the default. The times are the controll
 the consumer's wall clocks: keep them in sync (NTP), as ``valid_for_s`` (60 s by
 default) is meant to be far above any skew. The CLI's views keep expired decisions
 (``in_force_only=False``) and show them as such.
+
+An event from the future is refused (``refused`` counts it): issued more than
+``MAX_SKEW_S`` after the reader's now, or with a ``seq`` beyond the hybrid clock's
+(``seq`` is the issuer's microseconds, or one more than its last): a forged event dated
+ahead, or with a huge ``seq``, would otherwise hold its key against every genuine
+decision to come (one suspended a tenant that ``seawall quota clear`` could not lift).
 """
 
 from __future__ import annotations
@@ -65,6 +71,10 @@ def in_force(event: ControlEvent, now: float) -> bool:
     return now < event.issued_at + event.valid_for_s
 
 
+MAX_SKEW_S = 30.0
+"""How far ahead of the reader's clock an event may be dated (or numbered, in
+microseconds) and still be kept."""
+
 DEADLINES_PER_KEY = 4
 """How many heap entries per decision ``ControlState`` lets pile up (each
 re-publication adds one) before it rebuilds the heap from the decisions it keeps."""
@@ -98,10 +108,17 @@ class ControlState:
         profile samples at 5,000 workers. An entry whose event was replaced since is
         skipped."""
         self._last_heard: float | None = None
+        self.refused = 0
+        """Events refused for coming from the future (module notes)."""
 
     def apply(self, event: ControlEvent) -> bool:
-        """Keep ``event`` if it is newer than what is held for its key; True if it was."""
+        """Keep ``event`` if it is newer than what is held for its key, and not from the
+        future; True if it was."""
         self._last_heard = self._clock.monotonic()
+        horizon = self._clock.time() + MAX_SKEW_S
+        if event.issued_at > horizon or event.seq > horizon * 1_000_000:
+            self.refused += 1
+            return False
         key = event.control_key
         current = self._latest.get(key)
         if current is not None and current.seq >= event.seq:

@@ -24,22 +24,36 @@ def region_bucket(region: str) -> str:
     return quote(region, safe="")
 
 
+REGION_SCOPES = ("region:", "hotspot:")
+"""Where a region's throttles are: the operator's (``seawall region throttle``) and the
+controller's hotspot detection (``controller.regions``)."""
+
+
 def region_throttle(control: ControlState, region: str) -> RegionThrottle | None:
-    """The throttle in force for a region (the latest issued, if several scopes name it)."""
+    """The throttle in force for a region: the latest issued of the events at its two
+    exact scopes (``REGION_SCOPES``), so that an operator's later throttle or lift wins
+    over the controller's. One under any other scope naming the region is ignored: the
+    operator's lift could never reach it."""
     if not region:
         return None
-    found = [t for t in control.all(RegionThrottle) if t.region == region]
+    found = [
+        e
+        for prefix in REGION_SCOPES
+        if (e := control.get(RegionThrottle, f"{prefix}{region}")) is not None
+        and e.region == region
+    ]
     latest = max(found, key=lambda t: (t.issued_at, t.seq), default=None)
     return latest if latest is not None and latest.rate_per_s is not None else None
 
 
 def quota_override(control: ControlState, tenant: str, now: float) -> QuotaOverride | None:
-    found = [
-        o
-        for o in control.all(QuotaOverride)
-        if o.tenant == tenant and (o.expires_at is None or now < o.expires_at)
-    ]
-    return max(found, key=lambda o: (o.issued_at, o.seq), default=None)
+    """The tenant's override in force: the event at its exact scope, ``tenant:<tenant>``
+    (``seawall quota set`` and ``quota clear`` write there, so a clear always lifts it;
+    one under any other scope naming the tenant — ``tenant:<victim>/x`` — is ignored)."""
+    o = control.get(QuotaOverride, f"tenant:{tenant}")
+    if o is None or o.tenant != tenant or (o.expires_at is not None and now >= o.expires_at):
+        return None
+    return o
 
 
 def override_terms(override: QuotaOverride) -> tuple[float | None, ...]:

@@ -170,3 +170,20 @@ def test_expire_drops_exactly_what_a_scan_of_every_decision_would(steps: list[tu
         assert sorted(e.control_key for e in state.all(BatchLimit)) == sorted(
             k for k, e in latest.items() if in_force(e, now)
         )
+
+
+def test_an_event_from_the_future_is_refused_and_counted() -> None:
+    """Dated an hour ahead, or numbered past the hybrid clock's microseconds: refused, so
+    that it cannot hold its key against the genuine decisions to come."""
+    clock = ManualClock()
+    state = ControlState(clock)
+    now_us = int(clock.time() * 1_000_000)
+    assert not state.apply(limit(now_us, 1, issued_at=clock.time() + 3600))
+    assert not state.apply(limit(2**62, 1))
+    assert state.refused == 2
+    assert state.get(BatchLimit, "worker:w1") is None
+    assert state.apply(limit(now_us, 32, issued_at=clock.time() + 5))  # a little skew is fine
+    assert state.apply(limit(now_us + 1, 16))
+    got = state.get(BatchLimit, "worker:w1")
+    assert got is not None
+    assert got.limit == 16

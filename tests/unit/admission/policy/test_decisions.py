@@ -36,7 +36,7 @@ from services.admission.policy.config import PolicyConfig
 from services.admission.policy.cost import Cost
 from services.admission.policy.decisions import AdmissionPolicy
 from services.admission.policy.outcomes import Accepted, Admit, Reply, Screened
-from services.admission.policy.overrides import region_bucket
+from services.admission.policy.overrides import quota_override, region_bucket
 from services.admission.policy.routing import worker_share
 from services.admission.quota import on_redis_down
 from services.common.control_state import ControlState
@@ -286,11 +286,23 @@ def test_region_throttles(rate: float | None, outcome: str, capacity: float | No
 
 
 def test_the_latest_throttle_of_a_region_wins() -> None:
-    first = throttle("eu", 5.0)
-    lifted = RegionThrottle(**common("region:eu/alt"), region="eu", rate_per_s=None)
-    got = policy().screen(request(region="eu"), Priority.STANDARD, control(first, lifted), NOW)
+    """The controller's hotspot throttle, then the operator's lift: lifted."""
+    hotspot = RegionThrottle(**common("hotspot:eu"), region="eu", rate_per_s=5.0)
+    lifted = RegionThrottle(**common("region:eu"), region="eu", rate_per_s=None)
+    got = policy().screen(request(region="eu"), Priority.STANDARD, control(hotspot, lifted), NOW)
     assert isinstance(got, Screened)
     assert got.region is None
+
+
+def test_a_throttle_under_a_scope_of_its_own_choosing_is_ignored() -> None:
+    """Anyone who can write the control topic could pin a region (or a tenant) under a
+    scope no lift reaches: only the exact scopes count."""
+    pinned = RegionThrottle(**common("region:eu/x"), region="eu", rate_per_s=0.0)
+    got = policy().screen(request(region="eu"), Priority.STANDARD, control(pinned), NOW)
+    assert isinstance(got, Screened)
+    assert got.region is None
+    stuck = QuotaOverride(**common("tenant:acme/x"), tenant="acme", requests_per_s=0.0)
+    assert quota_override(control(stuck), "acme", NOW) is None
 
 
 def test_region_bucket_names_are_safe_and_distinct() -> None:
