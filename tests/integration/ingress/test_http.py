@@ -511,26 +511,33 @@ async def test_damaged_records_refuse_the_key_and_crash_nothing(
     [{"failed_auth_per_source_per_s": 1 / 3600}],
     indirect=True,
 )
-async def test_an_address_that_keeps_failing_is_refused_before_any_lookup(
+async def test_failures_are_refused_past_their_budget_but_never_lock_out_a_right_key(
     client: httpx.AsyncClient, keys: Keys
 ) -> None:
-    """Failed authentications cost the attacker: past its budget (20) an address gets
-    429 with Retry-After, even with a right key; other addresses and the right key
-    elsewhere are not affected."""
-    attacker = {"X-Forwarded-For": "198.51.100.66"}  # trusted_proxies=1: the client's address
-    bad = Keys.auth("sk-sw-0123456789ab_" + "x" * 43) | attacker
+    """Failed authentications cost the attacker: past its budget (20) a (source, key id)
+    gets 429 with Retry-After. The attack that used to work — bad keys sent under a
+    victim's forwarded address — no longer touches the victim: its right key from that
+    address is still authenticated, and so is any other address."""
+    victim = {"X-Forwarded-For": "198.51.100.66"}  # trusted_proxies=1: the client's address
+    bad = Keys.auth("sk-sw-0123456789ab_" + "x" * 43) | victim
     codes = [
         (await client.post("/v1/chat/completions", json=CHAT, headers=bad)).status_code
         for _ in range(21)
     ]
     assert codes[:20] == [401] * 20
     assert codes[20] == 429
-    blocked = await client.post(
-        "/v1/chat/completions", json=CHAT, headers=Keys.auth(keys.pro) | attacker
-    )
-    assert blocked.status_code == 429
+    blocked = await client.post("/v1/chat/completions", json=CHAT, headers=bad)
     assert blocked.json()["error"]["code"] == "too_many_failures"
     assert int(blocked.headers["Retry-After"]) >= 1
+    # The victim's right key from the same address is authenticated (and refused only
+    # for the model it names: proof it got past authentication).
+    served = await client.post(
+        "/v1/chat/completions",
+        json={**CHAT, "model": "no-such-model"},
+        headers=Keys.auth(keys.pro) | victim,
+    )
+    assert served.status_code == 404
+    assert served.json()["error"]["code"] == "model_not_found"
     elsewhere = Keys.auth("sk-sw-0123456789ab_" + "y" * 43) | {"X-Forwarded-For": "203.0.113.7"}
     assert (
         await client.post("/v1/chat/completions", json=CHAT, headers=elsewhere)
