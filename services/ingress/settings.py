@@ -126,8 +126,9 @@ class IngressSettings(CommonSettings):
     seconds, the rest counted into the next."""
     failed_auth_per_source_per_s: float = Field(default=1.0, gt=0, le=10_000)
     failed_auth_per_source_burst: int = Field(default=20, ge=1, le=1_000_000)
-    """Failed HTTP authentications a client address may make (``burst``, refilled at
-    the rate) before it is refused with 429 without any key lookup."""
+    """Failed HTTP authentications a (client address, key id) may make (``burst``,
+    refilled at the rate) before its failures are answered 429; a right key is never
+    refused for them (``IngressPipeline.authenticate``)."""
 
     kafka_ingress: bool = True
     """Consume ``llm.ingress``; off for HTTP-only instances (a group has no use for
