@@ -56,7 +56,7 @@ MAX_TOKENS = 8
 
 
 def edge_refusals(stack: Stack) -> float:
-    text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    text = httpx.get(stack.metrics_url("ingress"), timeout=10).text
     return sum(
         s.value
         for family in text_string_to_metric_families(text)

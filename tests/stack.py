@@ -51,6 +51,11 @@ class Stack:
         doc: dict[str, str] = json.loads(out.stdout)
         return doc
 
+    def metrics_url(self, instance: str) -> str:
+        """Where one service instance serves ``/metrics`` (its own port, set by ``up``)."""
+        port = self.service(instance).environ()["SEAWALL_METRICS_PORT"]
+        return f"http://127.0.0.1:{port}/metrics"
+
     def service(self, instance: str) -> psutil.Process:
         """The running process of one service instance (``admission``, ``worker-main-0``)."""
         for child in psutil.Process(self.proc.pid).children(recursive=True):

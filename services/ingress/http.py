@@ -1,8 +1,10 @@
 """The OpenAI-compatible HTTP front, assembled: ``POST /v1/chat/completions``, ``POST
 /v1/completions`` (JSON or server-sent events; ``completions.py``, answered by
-``answers.py``), ``GET /v1/models``, ``/health``, ``/openapi.json``, ``/metrics``
-(``meta.py``), ``/v1/ws`` (``websocket.py``), and the exception handlers that turn a
-failed Redis or Kafka, or an unknown path or method, into OpenAI's error body.
+``answers.py``), ``GET /v1/models``, ``/health``, ``/openapi.json`` (``meta.py``),
+``/v1/ws`` (``websocket.py``), and the exception handlers that turn a failed Redis or
+Kafka, or an unknown path or method, into OpenAI's error body. Not ``/metrics``: it is
+served on the metrics port (``SEAWALL_METRICS_PORT``), as every service's is, never on
+the public API (its label values are the fleet's, not a client's to read).
 
 The routes are module-level functions; what they share (the pipeline, the reply router,
 readiness, the clock) is the ``Front`` on ``app.state`` (``front.py``).
@@ -58,7 +60,6 @@ def create_app(
     app.exception_handler(StarletteHTTPException)(_http_error)
     app.get("/health")(meta.health)
     app.get("/openapi.json")(meta.openapi)
-    app.get("/metrics")(meta.metrics)
     app.get("/v1/models")(meta.models)
     app.post("/v1/chat/completions")(completions.chat_completions)
     app.post("/v1/completions")(completions.completions)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from services.ingress import metrics as m
 from services.ingress import openai as oai
@@ -22,10 +21,6 @@ async def health(request: Request) -> Response:
 
 async def openapi(request: Request) -> Response:
     return JSONResponse(front_of(request).openapi)
-
-
-async def metrics() -> Response:
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
 async def models(request: Request) -> Response:

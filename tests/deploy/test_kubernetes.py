@@ -217,7 +217,9 @@ def test_ingress_is_probed_on_health_and_served_by_a_service() -> None:
     objects = render("sim")
     d = one(objects, "Deployment", "ingress")
     c = container(d)
-    (port,) = c["ports"]
+    port = next(p for p in c["ports"] if p["name"] == "http")
+    metrics = next(p for p in c["ports"] if p["name"] == "metrics")
+    assert metrics["containerPort"] != port["containerPort"]  # not on the public API
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health"
         assert c[probe]["httpGet"]["port"] == port["name"]

@@ -215,7 +215,7 @@ async def test_a_tenant_over_its_request_quota_is_refused_at_the_edge(stack: Sta
     body = {"model": "default", "prompt": "hi", "max_tokens": 2}
 
     def refused_at_edge() -> float:
-        text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+        text = httpx.get(stack.metrics_url("ingress"), timeout=10).text
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == "seawall_ingress_refusals_total" and sample.labels == {

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY, generate_latest
 
 from schemas import (
     AuditEvent,
@@ -452,7 +453,8 @@ async def test_health_models_and_metrics(client: httpx.AsyncClient, keys: Keys) 
     )
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "model_not_found"
-    metrics = (await client.get("/metrics")).text
+    assert (await client.get("/metrics")).status_code == 404  # never on the public API
+    metrics = generate_latest(REGISTRY).decode()  # what the metrics port serves
     assert "seawall_ingress_prompt_tokens_bucket" in metrics
     assert "seawall_ingress_long_prompt_share" in metrics
     assert 'seawall_ingress_refusals_total{code="schema_violation",source="http"}' in metrics
