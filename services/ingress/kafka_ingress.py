@@ -178,8 +178,14 @@ class KafkaIngress(Component):
         refusal = pipeline.check_user_agent(user_agent) if user_agent else None
         if refusal is not None:
             return _Reject(request, refusal)
+        # The region is never the producer's to choose: a record's client_ip is whatever
+        # it wrote (it could dodge a region's throttle, or aim one at a region). Kafka
+        # requests arrive from no region.
+        region, refusal = pipeline.arrive(principal, "")
+        if refusal is not None:
+            return _Reject(request, refusal)
         span = TRACER.start("ingress.screen", root.context)
-        prepared = await pipeline.prepare(request, principal)
+        prepared = await pipeline.prepare(request, principal, region)
         span.end()
         if isinstance(prepared, Refusal):
             return _Reject(request, prepared)
