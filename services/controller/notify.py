@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import smtplib
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -132,6 +133,10 @@ class SmtpConfig:
     password: str | None = None
     timeout_s: float = 10.0
 
+    def __post_init__(self) -> None:
+        if self.user is not None and not self.starttls:
+            raise ValueError("SMTP credentials are sent only over STARTTLS: set starttls")
+
 
 class Email:
     name = "email"
@@ -151,7 +156,9 @@ class Email:
         c = self._config
         with smtplib.SMTP(c.host, c.port, timeout=c.timeout_s) as smtp:
             if c.starttls:
-                smtp.starttls()
+                # A verifying context: smtplib's default checks no certificate, and the
+                # login that follows would go to whoever answered.
+                smtp.starttls(context=ssl.create_default_context())
             if c.user is not None and c.password is not None:
                 smtp.login(c.user, c.password)
             smtp.send_message(message)

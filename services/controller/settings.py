@@ -119,6 +119,11 @@ class ControllerSettings(CommonSettings):
         self.alert_config()  # two re-publications
         if self.alert_smtp_host and not self.alert_email_recipients:
             raise ValueError("SEAWALL_ALERT_SMTP_HOST needs SEAWALL_ALERT_EMAIL_TO")
+        if self.alert_smtp_user and not self.alert_smtp_starttls:
+            raise ValueError(
+                "SEAWALL_ALERT_SMTP_USER needs SEAWALL_ALERT_SMTP_STARTTLS=true: SMTP "
+                "credentials are never sent in clear"
+            )
         return self
 
     def hotspot_config(self) -> HotspotConfig:

@@ -8,7 +8,7 @@ import asyncio
 import json
 import socket
 from email import message_from_bytes
-from email.message import Message
+from email.message import EmailMessage, Message
 
 import pytest
 from aiosmtpd.controller import Controller as SmtpServer
@@ -159,3 +159,48 @@ async def test_a_stop_that_arrives_as_an_email_is_handed_over_still_stops_it(
     sending.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(sending, 5)
+
+
+def test_smtp_credentials_are_never_sent_without_tls() -> None:
+    with pytest.raises(ValueError, match="STARTTLS"):
+        SmtpConfig("mail", 587, "a@b.c", ("d@e.f",), user="seawall", password="secret")
+    SmtpConfig("mail", 587, "a@b.c", ("d@e.f",), starttls=True, user="seawall", password="s")
+
+
+def test_starttls_verifies_the_servers_certificate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """smtplib's ``starttls()`` with no context checks no certificate: the login after it
+    would go to whoever answered. The e-mail channel hands it a verifying one."""
+    import smtplib
+    import ssl
+
+    calls: list[tuple[str, object]] = []
+
+    class FakeSmtp:
+        def __init__(self, host: str, port: int, timeout: float) -> None:
+            calls.append(("connect", (host, port)))
+
+        def __enter__(self) -> FakeSmtp:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def starttls(self, context: ssl.SSLContext | None = None) -> None:
+            calls.append(("starttls", context))
+
+        def login(self, user: str, password: str) -> None:
+            calls.append(("login", user))
+
+        def send_message(self, message: object) -> None:
+            calls.append(("send", None))
+
+    monkeypatch.setattr(smtplib, "SMTP", FakeSmtp)
+    config = SmtpConfig(
+        "mail", 587, "a@b.c", ("d@e.f",), starttls=True, user="seawall", password="s"
+    )
+    Email(config)._deliver(EmailMessage())
+    assert [name for name, _ in calls] == ["connect", "starttls", "login", "send"]
+    context = calls[1][1]
+    assert isinstance(context, ssl.SSLContext)
+    assert context.verify_mode is ssl.CERT_REQUIRED
+    assert context.check_hostname

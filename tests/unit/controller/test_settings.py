@@ -57,3 +57,13 @@ def test_a_breaker_rows_thresholds_are_the_operators(
     assert config.degradation.error_rate.trip_above == 0.15
     with pytest.raises(ValidationError, match="hysteresis"):
         ControllerSettings(**{trip: changed[1], recover: changed[0]})
+
+
+def test_smtp_credentials_without_starttls_are_refused_at_start() -> None:
+    with pytest.raises(ValueError, match="STARTTLS=true"):
+        ControllerSettings(
+            alert_smtp_host="mail",
+            alert_email_to="ops@example.org",
+            alert_smtp_user="seawall",
+            alert_smtp_password="secret",
+        )
