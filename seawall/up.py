@@ -287,7 +287,12 @@ class Stack:
         shared = {k: v for k, v in self.child_env("cli").items() if k.startswith("SEAWALL_")}
         shared.pop("SEAWALL_INSTANCE_ID")
         self.options.state_dir.mkdir(parents=True, exist_ok=True)
-        self.stack_env_path.write_text("".join(f"{k}={v}\n" for k, v in shared.items()))
+        # Owner-only from its first byte: it names the stack's Redis and broker (and any
+        # credentials they take), which no other user of the machine should read.
+        fd = os.open(self.stack_env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        with os.fdopen(fd, "w") as out:
+            out.write("".join(f"{k}={v}\n" for k, v in shared.items()))
 
     def child_env(self, name: str) -> dict[str, str]:
         o = self.options

@@ -130,6 +130,12 @@ async def test_kafka_ingress_answers_on_the_producers_own_reply_topic(stack: Sta
     assert reply.completion_tokens == 10
 
 
+def test_the_stack_env_file_is_the_owners_alone(stack: Stack) -> None:
+    """It names the stack's Redis and broker: no other user of the machine reads it."""
+    mode = os.stat(stack.env["SEAWALL_ENV_FILE"]).st_mode & 0o777
+    assert mode == 0o600, oct(mode)
+
+
 async def test_two_tenants_choosing_the_same_request_ids_are_each_answered(
     stack: Stack,
 ) -> None:
