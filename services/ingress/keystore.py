@@ -139,6 +139,9 @@ class KeyStore:
         self._cache_s = cache_s
         self._cache_size = cache_size
         self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
+        self._absent: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
+        """Key ids read and found absent, apart from the real keys: a stream of made-up
+        key ids fills this one and never evicts a real key from ``_cache``."""
         self._policies: OrderedDict[str, tuple[float, TenantPolicy | None]] = OrderedDict()
 
     # -- layout ------------------------------------------------------------------
@@ -158,8 +161,20 @@ class KeyStore:
         With ``cache_s``, what was read (absent records too) is kept that long, for at
         most ``cache_size`` key ids: a stream of records, or of bad signatures, for
         one key costs one Redis read per ``cache_s``; a key revoked elsewhere stops
-        working here within ``cache_s``."""
-        return await self._cached(self._cache, key_id, self._read)
+        working here within ``cache_s``. Absent ids are kept apart (``_absent``), so
+        that made-up ids cannot push real keys out."""
+        if self._cache_s > 0:
+            hit = self._absent.get(key_id)
+            if hit is not None and self._clock.monotonic() - hit[0] < self._cache_s:
+                return None
+        record = await self._cached(self._cache, key_id, self._read)
+        if record is None and self._cache_s > 0:
+            self._cache.pop(key_id, None)
+            self._absent[key_id] = (self._clock.monotonic(), None)
+            self._absent.move_to_end(key_id)
+            while len(self._absent) > self._cache_size:
+                self._absent.popitem(last=False)
+        return record
 
     async def _cached(
         self,
@@ -314,6 +329,7 @@ class KeyStore:
 
     async def _store(self, record: KeyRecord) -> None:
         self._cache.pop(record.key_id, None)
+        self._absent.pop(record.key_id, None)
         await cast(Any, self._redis.sadd(self._keys.tenant_keys(record.tenant), record.key_id))
         key = self._keys.api_key(record.key_id)
         fields: dict[FieldT, EncodableT] = {"tenant": record.tenant, "key_hash": record.key_hash}
