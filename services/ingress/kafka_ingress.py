@@ -54,6 +54,7 @@ from services.common.delivery import Replies, Undeliverable
 from services.common.lifecycle import Component
 from services.common.tracing import ROOT, Span, now_ns, produced_at_ns
 from services.ingress import metrics as m
+from services.ingress.denials import FailureLimiter
 from services.ingress.pipeline import Forged, IngressPipeline
 from services.ingress.policy.keys import KeyRecord
 from services.ingress.refusals import Refusal
@@ -82,6 +83,10 @@ class _Aborted:
 @dataclass(frozen=True, slots=True)
 class _DeadLetter:
     error: DecodeError
+    anonymous: bool = False
+    """Proves no key (too large to look at, unsigned, an unknown key, a bad signature):
+    anyone who can write the topic can send such records by the million, so their
+    letters are sampled (``anonymous_dead_letters_per_s``) and the rest counted."""
 
 
 _Effect = _Publish | _Reject | _Aborted | _DeadLetter
@@ -106,6 +111,9 @@ class KafkaIngress(Component):
         self._dead_letters = dead_letters
         self._topics = topics
         self._clock = clock
+        self.anonymous = FailureLimiter(
+            settings.anonymous_dead_letters_per_s, settings.anonymous_dead_letters_burst
+        )
         # Producers outside seawall (SDK clients) write this topic and ring no doorbell:
         # its consumer keeps polling at the fetch wait.
         consumer: AIOKafkaConsumer = make_consumer(
@@ -140,7 +148,8 @@ class KafkaIngress(Component):
         limit = self._settings.max_request_bytes
         if len(value) > limit:  # before its signature or its JSON is looked at
             return _DeadLetter(
-                DecodeError("too_large", f"{len(value)} bytes, above the limit of {limit}")
+                DecodeError("too_large", f"{len(value)} bytes, above the limit of {limit}"),
+                anonymous=True,
             )
         produced = produced_at_ns(record)
         root = TRACER.begin(ROOT, tracecontext.from_headers(record.headers), produced)
@@ -149,7 +158,7 @@ class KafkaIngress(Component):
         key = await self._pipeline.verify_signed(record.headers, value)
         span.end()
         if isinstance(key, Forged):
-            return _DeadLetter(key.error())
+            return _DeadLetter(key.error(), anonymous=True)
         try:
             request = decode(INGRESS, value)
         except DecodeError as e:
@@ -233,6 +242,12 @@ class KafkaIngress(Component):
         if isinstance(decision, _Aborted):
             m.REQUESTS.labels("kafka", "aborted").inc()
             return None
+        if decision.anonymous:
+            within, _ = self.anonymous.fail("anonymous", self._clock.monotonic())
+            if not within:  # counted, not kept: the flood costs its sender, not us
+                m.REQUESTS.labels("kafka", "dead_letter_sampled_out").inc()
+                m.REFUSALS.labels("kafka", decision.error.reason).inc()
+                return None
         m.REQUESTS.labels("kafka", "dead_letter").inc()
         return await self._dead_letters.queue(record, decision.error)
 

@@ -130,6 +130,13 @@ class IngressSettings(CommonSettings):
     refilled at the rate) before its failures are answered 429; a right key is never
     refused for them (``IngressPipeline.authenticate``)."""
 
+    anonymous_dead_letters_per_s: float = Field(default=1.0, gt=0, le=10_000)
+    anonymous_dead_letters_burst: int = Field(default=20, ge=1, le=1_000_000)
+    """Dead letters kept for ingress records that prove no key (unsigned, an unknown
+    key, a bad signature, too large): ``burst``, then this many a second; the rest are
+    counted (``seawall_ingress_requests_total{outcome="dead_letter_sampled_out"}``,
+    refusals by reason) and dropped — each letter is a record kept for days."""
+
     kafka_ingress: bool = True
     """Consume ``llm.ingress``; off for HTTP-only instances (a group has no use for
     more members than the topic has partitions)."""

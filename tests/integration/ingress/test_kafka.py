@@ -38,6 +38,7 @@ from seawall_client.signing import key_id_of
 from seawall_client.topics import RedisKeys, Topics
 from services.common.bus import make_consumer, make_producer
 from services.common.settings import CommonSettings
+from services.ingress.denials import FailureLimiter
 from services.ingress.pipeline import ABORT_MARKER_MARGIN_S
 from services.ingress.service import IngressService
 from tests.fleet import ReplyReader
@@ -305,6 +306,44 @@ async def test_bad_records_are_dead_lettered_or_rejected_and_consuming_goes_on(
     assert ingress.kafka is not None
     assert ingress.kafka.running
     assert not ingress.failed.is_set()
+
+
+def sampled_out() -> float:
+    return sum(
+        s.value
+        for metric in REGISTRY.collect()
+        if metric.name == "seawall_ingress_requests"
+        for s in metric.samples
+        if s.name.endswith("_total") and s.labels.get("outcome") == "dead_letter_sampled_out"
+    )
+
+
+async def test_a_flood_of_records_proving_no_key_is_counted_not_kept(
+    ingress: IngressService,
+    keys: Keys,
+    settings: CommonSettings,
+    topics: Topics,
+    downstream: Downstream,
+    dead_letters: DeadLetters,
+    producer_replies: ReplyReader,
+) -> None:
+    """Anyone who can write the topic can send unsigned records by the million: five
+    become dead letters (the sample), the rest are counted and dropped, and a signed
+    request behind them is served as usual."""
+    assert ingress.kafka is not None
+    # A sample of 5, refilled once an hour: the test does not depend on this machine's speed.
+    ingress.kafka.anonymous = FailureLimiter(1 / 3600, 5)
+    before = sampled_out()
+    flood: list[Signed] = [(encode(record(topics, f"flood-{i}", keys.pro)), []) for i in range(30)]
+    good = signed(record(topics, "ok", keys.pro), keys.pro)
+    await produce_signed(settings, topics.ingress, [*flood, good])
+    ((_, _, served),) = await downstream.take(1)
+    assert served.request_id == "ok"
+    await drain(lambda: sampled_out() - before >= 25, dead_letters.poll)
+    for _ in range(5):
+        await dead_letters.poll()
+    assert [d.reason for d in dead_letters.letters] == ["unsigned"] * 5
+    assert sampled_out() - before == 25
 
 
 async def test_aborts_from_live_keys_mark_their_request_others_are_dead_lettered(
