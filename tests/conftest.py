@@ -18,9 +18,11 @@ import os
 os.environ["SEAWALL_ENV_FILE"] = os.devnull
 
 import asyncio
+import contextlib
 import gc
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -161,15 +163,22 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if embedded.redis_answers(local):
         yield local
         return
+    with private_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def private_redis(work: Path) -> Iterator[str]:
+    """A Redis of the test's own on a free port (its files under ``work``): its URL."""
     port = embedded.free_port()
-    tmp = tmp_path_factory.mktemp("redis")
-    proc = embedded.redis_process("127.0.0.1", port, tmp / "data", tmp / "redis.log")
+    proc = embedded.redis_process("127.0.0.1", port, work / "data", work / "redis.log")
     proc.start()
     url = embedded.redis_url_for("127.0.0.1", port)
     try:
-        for _ in range(100):
+        for _ in range(200):  # a refused connection returns at once: wait between tries
             if embedded.redis_answers(url, timeout_s=0.2):
                 break
+            time.sleep(0.05)
         else:
             pytest.fail(f"private Redis did not start:\n{proc.tail()}")
         yield url

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -190,3 +194,25 @@ async def in_background(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
         await cancel_tasks({task})
     if not task.cancelled() and (failure := task.exception()) is not None:
         raise failure
+
+
+def spawn_service(
+    settings: CommonSettings, module: str, name: str, log: Path, **env: str
+) -> subprocess.Popen[bytes]:
+    """A seawall service (``python -m <module>``) as its own process on the test's broker
+    and Redis, instance ``name``, its output appended to ``log``; ``env``: more settings
+    (``SEAWALL_…`` variables). The caller stops it."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
+    base.update(
+        SEAWALL_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+        SEAWALL_KAFKA_IDEMPOTENCE=str(settings.kafka_idempotence).lower(),
+        SEAWALL_TOPIC_PREFIX=settings.topic_prefix,
+        SEAWALL_REDIS_URL=settings.redis_url,
+        SEAWALL_REDIS_PREFIX=settings.redis_prefix,
+        SEAWALL_INSTANCE_ID=name,
+        **env,
+    )
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", module], env=base, stdout=out, stderr=subprocess.STDOUT
+        )

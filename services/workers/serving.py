@@ -140,13 +140,7 @@ class Serving:
             await self._replies.check(req.reply_to)  # raises Undeliverable, counted
         started = self.clock.time()
         if req.expired(started):
-            reply = self._answers.reply(
-                req.request_id,
-                ReplyStatus.EXPIRED,
-                ReasonCode.DEADLINE_EXCEEDED,
-                message="the deadline passed before a worker could start",
-            )
-            await self._answers.finish(d, started, None, reply, run)
+            await self._expired(d, started, run, "before a worker could start")
             return
         if d.degradation.static_reply:
             text = self.settings.static_reply
@@ -173,13 +167,7 @@ class Serving:
                 # lease to run out — no later than the request's deadline.
                 now = self.clock.time()
                 if req.expired(now):
-                    reply = self._answers.reply(
-                        req.request_id,
-                        ReplyStatus.EXPIRED,
-                        ReasonCode.DEADLINE_EXCEEDED,
-                        message="the deadline passed while another worker held the request",
-                    )
-                    await self._answers.finish(d, started, None, reply, run)
+                    await self._expired(d, started, run, "while another worker held it")
                     return
                 wait = min(max(claim.retry_in_s, 0.05), self.settings.claim_lease_s)
                 if req.deadline_at is not None:
@@ -213,6 +201,16 @@ class Serving:
                     self._leases.spawn_release(run.held)
                 run.held, run.lost = None, False
                 await backoff.wait()
+
+    async def _expired(self, d: DispatchedRequest, started: float, run: Run, when: str) -> None:
+        """Answer ``d`` expired, its deadline having passed ``when`` (no engine time)."""
+        reply = self._answers.reply(
+            d.request.request_id,
+            ReplyStatus.EXPIRED,
+            ReasonCode.DEADLINE_EXCEEDED,
+            message=f"the deadline passed {when}",
+        )
+        await self._answers.finish(d, started, None, reply, run)
 
     def _patience_s(self, req: InferenceRequest) -> float:
         """How long to wait for the request's next output: its stall bound, or less,

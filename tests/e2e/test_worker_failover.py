@@ -5,10 +5,8 @@ repeats of the same request id)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,29 +17,19 @@ from aiokafka import TopicPartition
 from seawall_client.topics import Topics
 from services.common.bus import make_consumer
 from services.common.settings import CommonSettings
-from tests.fleet import ReplyReader, dispatched, produce
+from tests.fleet import ReplyReader, dispatched, produce, spawn_service
 
 
 def spawn_worker(settings: CommonSettings, name: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
-    env.update(
-        SEAWALL_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-        SEAWALL_KAFKA_IDEMPOTENCE=str(settings.kafka_idempotence).lower(),
-        SEAWALL_TOPIC_PREFIX=settings.topic_prefix,
-        SEAWALL_REDIS_URL=settings.redis_url,
-        SEAWALL_REDIS_PREFIX=settings.redis_prefix,
-        SEAWALL_INSTANCE_ID=name,
+    return spawn_service(
+        settings,
+        "services.workers",
+        name,
+        log,
         SEAWALL_BATCH_LIMIT="4",
         SEAWALL_SIM_TIME_SCALE="1.0",
         SEAWALL_COMMIT_INTERVAL_S="0.05",
     )
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "services.workers"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
 
 
 @pytest.fixture

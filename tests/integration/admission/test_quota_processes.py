@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,7 +28,7 @@ from schemas import Priority, ReasonCode, Tier
 from seawall_client.topics import Topics
 from services.common.settings import CommonSettings
 from tests.admission_helpers import TopicReader, capacity_feed, inference_request, send_all
-from tests.fleet import ReplyReader
+from tests.fleet import ReplyReader, spawn_service
 
 CAPACITY, RATE = 5, 2.0
 TENANT = "solo"
@@ -39,27 +37,17 @@ PARTITIONS = 3 * 3  # three priority topics
 
 
 def spawn(settings: CommonSettings, name: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
-    env.update(
-        SEAWALL_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-        SEAWALL_KAFKA_IDEMPOTENCE=str(settings.kafka_idempotence).lower(),
-        SEAWALL_TOPIC_PREFIX=settings.topic_prefix,
-        SEAWALL_REDIS_URL=settings.redis_url,
-        SEAWALL_REDIS_PREFIX=settings.redis_prefix,
-        SEAWALL_INSTANCE_ID=name,
+    return spawn_service(
+        settings,
+        "services.admission",
+        name,
+        log,
         SEAWALL_LOG_LEVEL="DEBUG",
         SEAWALL_LOG_FORMAT="json",
         SEAWALL_COMMIT_INTERVAL_S="0.05",
         SEAWALL_QUOTA_BASIC__REQUESTS__CAPACITY=str(CAPACITY),
         SEAWALL_QUOTA_BASIC__REQUESTS__RATE=str(RATE),
     )
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "services.admission"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
 
 
 def records(log: Path) -> list[dict[str, Any]]:

@@ -17,7 +17,6 @@ import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
 from schemas import Priority, ReasonCode, RegionThrottle, ReplyStatus, Tier
-from seawall import embedded
 from seawall_client.topics import RedisKeys, Topics
 from services.admission.policy.bucket import Limit, TierConfig
 from services.admission.policy.charges import Charge, QuotaRequest
@@ -33,6 +32,7 @@ from tests.admission_helpers import (
     inference_request,
     send_all,
 )
+from tests.conftest import private_redis
 from tests.fleet import ReplyReader
 from tests.rediscluster import redis_cluster
 
@@ -44,20 +44,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def full_redis(tmp_path: Path) -> Iterator[str]:
-    """A private Redis whose memory is full: ``noeviction``, every write refused (OOM)."""
-    port = embedded.free_port()
-    proc = embedded.redis_process("127.0.0.1", port, tmp_path / "data", tmp_path / "log")
-    proc.start()
-    url = embedded.redis_url_for("127.0.0.1", port)
-    try:
-        for _ in range(100):
-            if embedded.redis_answers(url, timeout_s=0.2):
-                break
-        else:
-            pytest.fail(f"private Redis did not start:\n{proc.tail()}")
+    """A private Redis (filled by ``fill``: ``noeviction``, every write refused)."""
+    with private_redis(tmp_path) as url:
         yield url
-    finally:
-        proc.stop()
 
 
 async def fill(url: str) -> None:

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +26,7 @@ from seawall_client.topics import RedisKeys, Topics
 from services.admission.quota import quota_key
 from services.common.settings import CommonSettings
 from tests.admission_helpers import inference_request, send_all, started
-from tests.fleet import ReplyReader, sim_worker, worker_settings
+from tests.fleet import ReplyReader, sim_worker, spawn_service, worker_settings
 
 pytestmark = pytest.mark.integration
 
@@ -42,22 +40,15 @@ QUOTA = {
 
 
 def spawn(settings: CommonSettings, name: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAWALL_")}
-    env.update(
-        SEAWALL_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-        SEAWALL_KAFKA_IDEMPOTENCE=str(settings.kafka_idempotence).lower(),
-        SEAWALL_TOPIC_PREFIX=settings.topic_prefix,
-        SEAWALL_REDIS_URL=settings.redis_url,
-        SEAWALL_REDIS_PREFIX=settings.redis_prefix,
-        SEAWALL_INSTANCE_ID=name,
+    return spawn_service(
+        settings,
+        "services.admission",
+        name,
+        log,
         SEAWALL_LOG_FORMAT="json",
         SEAWALL_COMMIT_INTERVAL_S="0.2",
         SEAWALL_QUOTA_PRO=json.dumps(QUOTA),
     )
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "services.admission"], env=env, stdout=out, stderr=out
-        )
 
 
 async def test_tokens_charged_match_the_tokens_used_across_admission_restarts(
@@ -67,7 +58,7 @@ async def test_tokens_charged_match_the_tokens_used_across_admission_restarts(
     restarts = 0
     try:
         async with (
-            started(sim_worker(worker_settings(settings, batch_limit=4))),
+            started(worker := sim_worker(worker_settings(settings, batch_limit=4))),
             ReplyReader(settings, topics) as client,
         ):
             requests = [
@@ -85,10 +76,14 @@ async def test_tokens_charged_match_the_tokens_used_across_admission_restarts(
                     await client.poll(100)
                 victim = restarts % 2
                 procs[victim].send_signal(sig)
-                procs[victim].wait(timeout=30)
+                # Waited on off the event loop: the worker in it must go on serving.
+                await asyncio.to_thread(procs[victim].wait, 30)
                 restarts += 1
                 procs[victim] = spawn(settings, f"adm-{victim}", tmp_path / f"adm-{victim}.log")
-            await client.wait_terminals(N, timeout_s=max(1.0, deadline - time.monotonic()))
+            while len(client.terminals) < N:
+                assert not worker.failed.is_set(), worker.failure
+                assert time.monotonic() < deadline, f"{len(client.terminals)} of {N} answered"
+                await client.poll(100)
             # Every completion settled: no reservation of the tenant's is left.
             keys = RedisKeys(settings.redis_prefix)
             reservations = [keys.reservation(TENANT, r.request_id) for r in requests]
