@@ -207,7 +207,9 @@ def analyse(
         return windows[min(n - 1, max(0, int((t - start) // window_s)))]
 
     completions = [
-        e.value for e in recording.of("completion") if isinstance(e.value, RequestCompleted)
+        e.value
+        for e in recording.of("completion")
+        if isinstance(e.value, RequestCompleted) and not e.value.repeat
     ]
     for c in completions:
         w = window(c.at)

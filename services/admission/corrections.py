@@ -160,6 +160,8 @@ class CompletionsHandler:
 
     async def decide(self, record: Record) -> None:
         event = decode(COMPLETION, record.value)
+        if event.repeat:  # not a completion: the request's own settles its reservation
+            return
         actual = event.prompt_tokens + event.completion_tokens
         await self._corrections.settle(event.tenant, event.tier, event.request_id, actual)
 

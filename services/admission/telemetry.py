@@ -37,9 +37,11 @@ class TelemetryTail:
         now, capacity = self._clock.monotonic(), self._capacity
         if record.topic == self._completions_topic:
             done = decode(COMPLETION, record.value)
-            capacity.completed(
-                done.worker_id, scoped_id(done.tenant, done.request_id), now, done.seq
-            )
+            key = scoped_id(done.tenant, done.request_id)
+            if done.repeat:  # a dispatch already answered: its slot only
+                capacity.forget(key)
+            else:
+                capacity.completed(done.worker_id, key, now, done.seq)
         else:
             capacity.observe(decode(TELEMETRY, record.value), now)
 

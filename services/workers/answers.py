@@ -141,6 +141,29 @@ class Answers:
         )
         await self._shadowing.send(d, reply)
 
+    async def repeat(self, d: DispatchedRequest) -> None:
+        """A dispatch of a request already answered: say so on ``llm.completions``
+        (``RequestCompleted.repeat``), so that the admission that sent it frees the
+        slot its ledger holds for it — no real completion will ever come for it."""
+        req = d.request
+        await self._publish(
+            self.topics.completions,
+            RequestCompleted(
+                worker_id=self.worker_id,
+                pool=self.settings.pool,
+                request_id=req.request_id,
+                tenant=req.tenant,
+                priority=req.priority,
+                tier=req.tier,
+                queue_wait_ms=0.0,
+                latency_ms=0.0,
+                prompt_tokens=0,
+                completion_tokens=0,
+                at=self.clock.time(),
+                repeat=True,
+            ),
+        )
+
     def count(self, outcome: str, req: InferenceRequest | None) -> None:
         """A dispatched record handled (``seawall_worker_requests_total``), by its
         request's class; ``None``: a record that did not decode, of no known class."""

@@ -161,6 +161,7 @@ class Serving:
             span.end()
             if isinstance(claim, Done):
                 self._answers.count("already_answered", req)
+                await self._answers.repeat(d)
                 return
             if isinstance(claim, Busy):
                 # Alive elsewhere (its partition moved): wait for that worker, or for its

@@ -61,6 +61,10 @@ class RequestCompleted(Message):
     """The worker's count of finished requests, this one included (0: not counted). A
     report's ``completed_total`` says which completions it already reflects: the two
     streams are separate topics, read in no common order."""
+    repeat: bool = False
+    """Not a completion: a dispatch of a request this worker found already answered (a
+    copy admission sent again after a restart). Nothing to count or correct; it only
+    tells the dispatching admission that this dispatch holds no slot any more."""
 
 
 SKETCH_RELATIVE_ACCURACY = 0.01

@@ -13,7 +13,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
@@ -21,11 +22,12 @@ from aiokafka import TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import Priority, Tier
+from schemas import Priority, RequestCompleted, Tier
 from seawall_client.clock import SystemClock
+from seawall_client.serde import encode
 from seawall_client.topics import RedisKeys
 from services.admission.backlog import Waiting
-from services.admission.corrections import Corrections
+from services.admission.corrections import CompletionsHandler, Corrections
 from services.admission.policy.bucket import BucketState, Limit, TierConfig, take
 from services.admission.policy.charges import Charge, QuotaRequest
 from services.admission.policy.config import PolicyConfig
@@ -201,5 +203,39 @@ async def test_tokens_charged_are_the_tokens_of_the_requests_served(
         # Nothing sent is left reserved.
         for i in served:
             assert await client.get(keys.reservation("acme", f"r{i}")) is None
+    finally:
+        await delete_prefix(client, prefix)
+
+
+async def test_a_repeat_settles_nothing_the_request_s_own_completion_does(
+    client: aioredis.Redis,
+) -> None:
+    """A worker's ``repeat`` (a copy of a request already answered) arriving before the
+    request's own completion must not take its reservation: it would refund everything
+    and leave the completion nothing to correct."""
+    prefix = f"test:{uuid.uuid4().hex}:"
+    keys = RedisKeys(prefix)
+    quota = RedisQuota(client, prefix)
+    tiers = {t: TIER for t in Tier}
+    corrections = Corrections(
+        client, quota, keys, AdmissionPolicy(PolicyConfig(tiers)), ControlState(), tiers,
+        SystemClock(), lambda coro: coro.close(),
+    )  # fmt: skip
+    handler = CompletionsHandler(corrections, cast(Any, None))
+    await client.set(keys.reservation("acme", "r1"), "100", ex=60)
+    try:
+
+        def completion(repeat: bool, used: int) -> Any:
+            event = RequestCompleted(
+                worker_id="w1", pool="main", request_id="r1", tenant="acme",
+                priority=Priority.STANDARD, tier=Tier.PRO, queue_wait_ms=0.0, latency_ms=0.0,
+                prompt_tokens=used, completion_tokens=0, at=time.time(), repeat=repeat,
+            )  # fmt: skip
+            return SimpleNamespace(value=encode(event))
+
+        await handler.decide(completion(True, 0))
+        assert await client.get(keys.reservation("acme", "r1")) == b"100"
+        await handler.decide(completion(False, 40))
+        assert await client.get(keys.reservation("acme", "r1")) is None
     finally:
         await delete_prefix(client, prefix)

@@ -18,8 +18,8 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from schemas import EngineStats, ReasonCode, ReplyStatus, WorkerReport
-from seawall_client.serde import TELEMETRY, decode
+from schemas import EngineStats, ReasonCode, ReplyStatus, RequestCompleted, WorkerReport
+from seawall_client.serde import COMPLETION, TELEMETRY, decode
 from seawall_client.topics import RedisKeys, Topics
 from services.common.bus import make_consumer
 from services.common.settings import CommonSettings
@@ -133,3 +133,42 @@ async def test_a_redelivery_waiting_for_another_workers_lease_stops_at_its_deadl
     (reply,) = client.terminals["req-1"]
     assert (reply.status, reply.reason) == (ReplyStatus.EXPIRED, ReasonCode.DEADLINE_EXCEEDED)
     assert answered_after < 6.0
+
+
+async def test_a_copy_of_a_request_already_answered_is_reported_as_a_repeat(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    """Admission restarted re-dispatches what it had not committed. The worker answers
+    the copy of a request it already answered with nothing (the caller has its reply)
+    and a ``RequestCompleted`` marked ``repeat``: the dispatching admission frees that
+    copy's slot, for which no completion will ever come."""
+    async with sim_worker(worker_settings(settings)), ReplyReader(settings, topics) as client:
+        request = dispatched(1, client.topic, max_tokens=4)
+        await produce(settings, topics.dispatch("main"), [request])
+        await client.wait_terminals(1)
+        await produce(settings, topics.dispatch("main"), [request])  # the copy
+        completions = await completions_on(settings, topics, 2)
+        for _ in range(5):
+            await client.poll(100)
+    assert len(client.terminals["req-1"]) == 1  # the caller is answered once
+    real, repeat = completions
+    assert (real.repeat, real.completion_tokens, real.seq) == (False, 4, 1)
+    assert (repeat.repeat, repeat.completion_tokens, repeat.seq) == (True, 0, 0)
+    assert repeat.request_id == "req-1"
+
+
+async def completions_on(
+    settings: CommonSettings, topics: Topics, n: int
+) -> list[RequestCompleted]:
+    consumer = make_consumer(settings, topics.completions, group_id=None)
+    await consumer.start()
+    found: list[RequestCompleted] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(found) < n:
+            assert time.monotonic() < deadline, f"{len(found)} of {n} completions"
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                found += [decode(COMPLETION, r.value) for r in records]
+    finally:
+        await consumer.stop()
+    return found

@@ -301,3 +301,19 @@ def test_prompts_placed_since_the_report_drain_with_the_queue() -> None:
     cap.dispatched("main", "r1", now=1.1, cost=Cost(1_500, 10), worker="w1")
     (view,) = cap.worker_views("main", now=1.5)
     assert view.prefill_in_pool == 1_000 + 1_500 - 1_000
+
+
+def test_a_dispatch_found_already_answered_frees_its_slot() -> None:
+    """A restarted admission re-dispatches what its predecessor had not committed; the
+    worker answers those copies 'already answered' with a repeat event (no completion
+    will come): forgetting them frees their slots at once, not after ledger_ttl_s."""
+    cap = fleet()
+    worker(cap, slots=4)
+    for i in range(4):
+        cap.dispatched("main", f"acme|r{i}", 0.0, Cost(10, 10), "w1")
+    assert cap.free("main", 0.0) == 0
+    cap.forget("acme|r0")
+    cap.forget("acme|r1")
+    assert cap.free("main", 0.0) == 2
+    cap.forget("acme|nothing")  # not held: nothing changes
+    assert cap.free("main", 0.0) == 2
