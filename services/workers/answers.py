@@ -120,24 +120,15 @@ class Answers:
             reply.prompt_tokens,
             reply.completion_tokens,
         )
-        await self._publish(
-            self.topics.completions,
-            RequestCompleted(
-                worker_id=self.worker_id,
-                pool=self.settings.pool,
-                request_id=req.request_id,
-                tenant=req.tenant,
-                priority=req.priority,
-                tier=req.tier,
-                queue_wait_ms=min(86_400_000, max(0.0, started - d.admitted_at) * 1000),
-                ttft_ms=None if ttft is None else ttft * 1000,
-                latency_ms=latency * 1000,
-                prompt_tokens=reply.prompt_tokens,
-                completion_tokens=reply.completion_tokens,
-                error=None if ok else reply.reason.value,
-                at=self.clock.time(),
-                seq=self._in_hand.completed_total,
-            ),
+        await self._completed(
+            req,
+            queue_wait_ms=min(86_400_000, max(0.0, started - d.admitted_at) * 1000),
+            ttft_ms=None if ttft is None else ttft * 1000,
+            latency_ms=latency * 1000,
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+            error=None if ok else reply.reason.value,
+            seq=self._in_hand.completed_total,
         )
         await self._shadowing.send(d, reply)
 
@@ -145,7 +136,17 @@ class Answers:
         """A dispatch of a request already answered: say so on ``llm.completions``
         (``RequestCompleted.repeat``), so that the admission that sent it frees the
         slot its ledger holds for it — no real completion will ever come for it."""
-        req = d.request
+        await self._completed(
+            d.request,
+            queue_wait_ms=0.0,
+            latency_ms=0.0,
+            prompt_tokens=0,
+            completion_tokens=0,
+            repeat=True,
+        )
+
+    async def _completed(self, req: InferenceRequest, **figures: Any) -> None:
+        """A ``RequestCompleted`` of ``req`` with ``figures``, onto ``llm.completions``."""
         await self._publish(
             self.topics.completions,
             RequestCompleted(
@@ -155,12 +156,8 @@ class Answers:
                 tenant=req.tenant,
                 priority=req.priority,
                 tier=req.tier,
-                queue_wait_ms=0.0,
-                latency_ms=0.0,
-                prompt_tokens=0,
-                completion_tokens=0,
                 at=self.clock.time(),
-                repeat=True,
+                **figures,
             ),
         )
 
