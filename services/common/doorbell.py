@@ -72,7 +72,6 @@ class Doorbell:
         self._wanted: set[str] = set()
         self._subscribed: set[str] = set()
         self._listener: asyncio.Task[None] | None = None
-        self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_warning = -WARN_EVERY_S
 
@@ -156,7 +155,6 @@ class Doorbell:
         if wanted == self._wanted:
             return
         self._wanted = wanted
-        self._changed.set()
         if wanted and (self._listener is None or self._listener.done()):
             self._listener = asyncio.get_running_loop().create_task(self._listen(), name="doorbell")
 
@@ -180,9 +178,8 @@ class Doorbell:
                     await pubsub.aclose()
 
     async def _sync(self, pubsub: Any) -> None:
-        if not self._changed.is_set() and self._subscribed == self._wanted:
+        if self._subscribed == self._wanted:
             return
-        self._changed.clear()
         wanted = set(self._wanted)
         new, gone = wanted - self._subscribed, self._subscribed - wanted
         if new:
@@ -203,17 +200,3 @@ class Doorbell:
             if topic in consumer.topics_read:
                 WAKES.inc()
                 consumer.wake()
-
-    async def close(self) -> None:
-        """Stop listening and close the connections (idempotent)."""
-        tasks = set(self._tasks)
-        if self._listener is not None:
-            tasks.add(self._listener)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._listener = None
-        if self._redis is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await self._redis.aclose()
-            self._redis = None
