@@ -213,7 +213,7 @@ class _Recorder:
         self.sample = 1.0
         self.buffer: list[FinishedSpan] = []
         self.dropped = 0
-        self._wake = threading.Event()
+        """Spans dropped since the last flush (``MAX_BUFFERED``); the flush reports them."""
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -239,13 +239,17 @@ class _Recorder:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(FLUSH_INTERVAL_S)
-            self._wake.clear()
+            time.sleep(FLUSH_INTERVAL_S)
             self.flush()
 
     def flush(self) -> None:
         with self._lock:
             spans, self.buffer = self.buffer, []  # one assignment: safe beside add()
+            dropped, self.dropped = self.dropped, 0
+            if dropped:
+                log.warning(
+                    "trace spans dropped: the sinks did not keep up", extra={"spans": dropped}
+                )
             if not spans:
                 return
             for sink in self.sinks:
