@@ -298,9 +298,7 @@ class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
                 if not task.done():
                     task.add_done_callback(self._fetched)
         else:
-            # Every time, not once: a rebalance resumes what it assigns.
-            self._asleep = True
-            super().pause(*self.assignment())
+            self._sleep()
         if self._look is not None:
             self._look.cancel()
         # The event loop's clock is time.monotonic(), as Dormancy's is.
@@ -313,8 +311,12 @@ class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
         if brought or self._dormancy is None or self._closed:
             return
         if not self._dormancy.awake(False, time.monotonic()) and not self._fetcher._records:
-            self._asleep = True
-            super().pause(*self.assignment())
+            self._sleep()
+
+    def _sleep(self) -> None:
+        # Every time, not once: a rebalance resumes what it assigns.
+        self._asleep = True
+        super().pause(*self.assignment())
 
     def _look_again(self) -> None:
         self._look = None
