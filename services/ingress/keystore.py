@@ -163,37 +163,34 @@ class KeyStore:
         one key costs one Redis read per ``cache_s``; a key revoked elsewhere stops
         working here within ``cache_s``. Absent ids are kept apart (``_absent``), so
         that made-up ids cannot push real keys out."""
-        if self._cache_s > 0:
-            hit = self._absent.get(key_id)
-            if hit is not None and self._clock.monotonic() - hit[0] < self._cache_s:
-                return None
-        record = await self._cached(self._cache, key_id, self._read)
-        if record is None and self._cache_s > 0:
-            self._cache.pop(key_id, None)
-            self._absent[key_id] = (self._clock.monotonic(), None)
-            self._absent.move_to_end(key_id)
-            while len(self._absent) > self._cache_size:
-                self._absent.popitem(last=False)
-        return record
+        return await self._cached(self._cache, key_id, self._read, self._absent)
 
     async def _cached(
         self,
         cache: OrderedDict[str, tuple[float, T | None]],
         key: str,
         read: Callable[[str], Awaitable[T | None]],
+        absent: OrderedDict[str, tuple[float, T | None]] | None = None,
     ) -> T | None:
-        """``read(key)``, kept ``cache_s`` in ``cache`` (at most ``cache_size`` keys)."""
+        """``read(key)``, kept ``cache_s`` in ``cache`` (at most ``cache_size`` keys) —
+        in ``absent`` instead, if given, when there is nothing to read."""
         if self._cache_s <= 0:
             return await read(key)
         now = self._clock.monotonic()
-        hit = cache.get(key)
-        if hit is not None and now - hit[0] < self._cache_s:
-            return hit[1]
+        stores = (cache,) if absent is None else (cache, absent)
+        for store in stores:
+            hit = store.get(key)
+            if hit is not None and now - hit[0] < self._cache_s:
+                return hit[1]
         value = await read(key)
-        cache[key] = (now, value)
-        cache.move_to_end(key)
-        while len(cache) > self._cache_size:
-            cache.popitem(last=False)
+        target = absent if value is None and absent is not None else cache
+        for store in stores:
+            if store is not target:
+                store.pop(key, None)
+        target[key] = (now, value)
+        target.move_to_end(key)
+        while len(target) > self._cache_size:
+            target.popitem(last=False)
         return value
 
     async def _read(self, key_id: str) -> KeyRecord | None:
