@@ -37,6 +37,7 @@ from seawall_client.serde import DISPATCH, TELEMETRY, DecodeError, decode
 from services.common.bus import make_consumer, topics_of
 from services.common.lifecycle import cancel_tasks
 from tests.faults import TcpProxy
+from tests.fleet import in_background
 from tests.stack import Stack
 
 
@@ -193,9 +194,9 @@ class LagSampler:
 
 
 class DispatchWatch:
-    """Reads a pool's dispatch topic and the telemetry while the matrix runs: where each
-    request was dispatched (partition, when), and the dispatch partitions each worker
-    owned by its latest heartbeat."""
+    """Reads a pool's dispatch topic and the telemetry while the matrix runs (``run``,
+    under ``tests.fleet.in_background``): where each request was dispatched (partition,
+    when), and the dispatch partitions each worker owned by its latest heartbeat."""
 
     def __init__(self, stack: Stack, pool: str) -> None:
         self._stack = stack
@@ -205,17 +206,8 @@ class DispatchWatch:
         """Request id (the caller's, without an attempt's suffix) → (partition, when:
         the record's timestamp, epoch seconds) of its first dispatch."""
         self.partitions: dict[str, tuple[int, ...]] = {}
-        self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> DispatchWatch:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        await cancel_tasks({self._task})
-
-    async def _run(self) -> None:
+    async def run(self) -> None:
         dispatch, telemetry = self._topics.dispatch(self._pool), self._topics.telemetry
         reader = make_consumer(self._stack.settings, dispatch, telemetry, group_id=None)
         await reader.start()
@@ -332,7 +324,8 @@ async def kill_matrix(
         f"{prefix}seawall.admission": [topics.requests(p) for p in Priority],
     }
     tasks: list[asyncio.Task[None]] = []
-    async with LagSampler(stack, groups) as lag, DispatchWatch(stack, "main") as watch:
+    watch = DispatchWatch(stack, "main")
+    async with LagSampler(stack, groups) as lag, in_background(watch.run()):
         start = time.monotonic()
         pending = list(faults)
         n = int(traffic.rate_per_s * traffic.duration_s)

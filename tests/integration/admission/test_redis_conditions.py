@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
-from schemas import Priority, ReasonCode, RegionThrottle, ReplyStatus, Tier
+from schemas import DispatchedRequest, Priority, ReasonCode, RegionThrottle, ReplyStatus, Tier
 from seawall_client.topics import RedisKeys, Topics
 from services.admission.policy.bucket import Limit, TierConfig
 from services.admission.policy.charges import Charge, QuotaRequest
@@ -67,17 +68,45 @@ async def fill(url: str) -> None:
         await client.aclose()
 
 
-async def test_at_maxmemory_each_tier_gets_its_fallback_and_admission_carries_on(
-    settings: CommonSettings, topics: Topics, full_redis: str
-) -> None:
-    await fill(full_redis)
-    s = admission_settings(settings.model_copy(update={"redis_url": full_redis}))
+@asynccontextmanager
+async def admission_on(
+    settings: CommonSettings, topics: Topics, redis_url: str
+) -> AsyncIterator[tuple[Admission, ReplyReader, TopicReader]]:
+    """Admission on ``redis_url``, a reader of its replies and of the main pool's
+    dispatches, and a fake main worker of 100 slots; admission must not have failed."""
+    s = admission_settings(settings.model_copy(update={"redis_url": redis_url}))
     async with (
         Admission(s) as admission,
         ReplyReader(settings, topics) as client,
         TopicReader(settings, topics.dispatch("main")) as reader,
         capacity_feed(settings, topics, {"main": 100}),
     ):
+        yield admission, client, reader
+        assert not admission.failed.is_set()
+
+
+async def decided(
+    topics: Topics,
+    client: ReplyReader,
+    reader: TopicReader,
+    enough: Callable[[dict[str, DispatchedRequest]], bool],
+) -> dict[str, DispatchedRequest]:
+    """The main pool's dispatches by request id, once ``enough`` says so (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while True:
+        await reader.poll()
+        await client.poll(50)
+        sent = {d.request.request_id: d for d in reader.dispatched(topics.dispatch("main"))}
+        if enough(sent):
+            return sent
+        assert time.monotonic() < deadline, (sorted(sent), sorted(client.terminals))
+
+
+async def test_at_maxmemory_each_tier_gets_its_fallback_and_admission_carries_on(
+    settings: CommonSettings, topics: Topics, full_redis: str
+) -> None:
+    await fill(full_redis)
+    async with admission_on(settings, topics, full_redis) as (_, client, reader):
         by_tier = {
             Tier.ENTERPRISE: Priority.VIP,
             Tier.PRO: Priority.STANDARD,
@@ -87,17 +116,9 @@ async def test_at_maxmemory_each_tier_gets_its_fallback_and_admission_carries_on
             for tier, cls in by_tier.items():
                 req = inference_request(f"{tier.value}-{round_}", client.topic, tier=tier)
                 await send_all(settings, topics.requests(cls), [req])
-        deadline = time.monotonic() + 30
-        while True:
-            await reader.poll()
-            await client.poll(50)
-            dispatched = {
-                d.request.request_id: d for d in reader.dispatched(topics.dispatch("main"))
-            }
-            if len(dispatched) >= 4 and len(client.terminals) >= 2:
-                break
-            assert time.monotonic() < deadline, (sorted(dispatched), sorted(client.terminals))
-        assert not admission.failed.is_set()
+        dispatched = await decided(
+            topics, client, reader, lambda sent: len(sent) >= 4 and len(client.terminals) >= 2
+        )
 
     for round_ in range(2):
         assert not dispatched[f"enterprise-{round_}"].degradation.quota_degraded  # open
@@ -175,13 +196,7 @@ async def test_region_and_tenant_buckets_on_a_cluster_keep_their_one_step_outcom
 async def test_admission_on_a_cluster_with_a_region_throttle_in_force(
     settings: CommonSettings, topics: Topics, cluster_url: str
 ) -> None:
-    s = admission_settings(settings.model_copy(update={"redis_url": cluster_url}))
-    async with (
-        Admission(s) as admission,
-        ReplyReader(settings, topics) as client,
-        TopicReader(settings, topics.dispatch("main")) as reader,
-        capacity_feed(settings, topics, {"main": 100}),
-    ):
+    async with admission_on(settings, topics, cluster_url) as (admission, client, reader):
         slow_eu = RegionThrottle(**control_common("region:eu", 1), region="eu", rate_per_s=1)
         await apply_control(settings, topics, admission.control, slow_eu)
         eu = [
@@ -190,15 +205,9 @@ async def test_admission_on_a_cluster_with_a_region_throttle_in_force(
         ]
         us = inference_request("us-0", client.topic, tenant="t0", region="us")
         await send_all(settings, topics.requests(Priority.STANDARD), [*eu, us])
-        deadline = time.monotonic() + 30
-        while True:
-            await reader.poll()
-            await client.poll(50)
-            dispatched = {d.request.request_id for d in reader.dispatched(topics.dispatch("main"))}
-            if len(dispatched | set(client.terminals)) >= 5:
-                break
-            assert time.monotonic() < deadline, (sorted(dispatched), sorted(client.terminals))
-        assert not admission.failed.is_set()
+        dispatched = await decided(
+            topics, client, reader, lambda sent: len(set(sent) | set(client.terminals)) >= 5
+        )
 
     assert "us-0" in dispatched
     throttled = [r.request_id for r in eu if r.request_id not in dispatched]
