@@ -89,8 +89,12 @@ async def test_a_streamed_request_has_every_stage_under_its_parent(
     assert {by_name[n].service for n in ADMISSION} == {"admission"}
     assert {by_name[n].service for n in WORKER} == {"worker"}
 
-    # Each span lies within the request's, and the stages come in the order they happen.
-    assert all(root.start_ns <= s.start_ns and s.end_ns <= root.end_ns for s in spans)
+    # Each span starts within the request's, and the stages come in the order they happen.
+    # Every stage of ingress and admission also ends within it; the worker's may not: it
+    # learns that its terminal reply was written only from the broker's acknowledgement,
+    # which can reach it after ingress has already read the reply and closed the request.
+    assert all(root.start_ns <= s.start_ns <= root.end_ns for s in spans)
+    assert all(s.end_ns <= root.end_ns for s in spans if s.service != "worker")
     order = ["ingress.publish", "admission.charge", "admission.dispatch", "worker.claim"]
     starts = [by_name[n].start_ns for n in order]
     assert starts == sorted(starts)
