@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from _common import control_keys
 from aiokafka import AIOKafkaProducer
 from rate_limiter import ROOMY
 
@@ -49,7 +50,14 @@ from services.admission.quota import RedisQuota, quota_key
 from services.admission.settings import AdmissionSettings
 from services.common.bus import make_producer, topics_of
 from services.common.settings import CommonSettings
-from services.ingress.keystore import AuditLog, KeyStore
+from services.ingress.keystore import (
+    AuditLog,
+    KeyStore,
+    TenantPolicy,
+    key_record_fields,
+    policy_fields,
+)
+from services.ingress.policy.integrity import RecordMacs
 from services.ingress.policy.keys import DEFAULT_POLICY, disabled_at, generate_key
 
 TENANTS = (10, 10_000, 100_000)
@@ -78,6 +86,7 @@ async def seed_tenants(
     """Each tenant's ingress records in the keystore's layout, pipelined; returns the key
     ids made."""
     now = time.time()
+    macs = RecordMacs.from_pepper(PEPPER)
     key_ids: list[str] = []
     for start in range(0, len(tenants), SEED_CHUNK):
         chunk = tenants[start : start + SEED_CHUNK]
@@ -87,20 +96,10 @@ async def seed_tenants(
                 record = generate_key(tenant, now, PEPPER).record
                 key_ids.append(record.key_id)
                 api_key = keys.api_key(record.key_id)
-                pipe.hset(
-                    policy_key(keys, tenant),
-                    mapping={"tier": TIERS[i % len(TIERS)].value, "sensitive": "redact"},
-                )
+                policy = TenantPolicy(TIERS[i % len(TIERS)], "redact")
+                pipe.hset(policy_key(keys, tenant), mapping=policy_fields(tenant, policy, macs))
                 pipe.sadd(keys.tenant_keys(tenant), record.key_id)
-                pipe.hset(
-                    api_key,
-                    mapping={
-                        "tenant": tenant,
-                        "key_hash": record.key_hash,
-                        "signing_key": record.signing_key,
-                        "created_at": repr(record.created_at),
-                    },
-                )
+                pipe.hset(api_key, mapping=key_record_fields(record, macs))
                 purge_at = disabled_at(record, DEFAULT_POLICY) + DEFAULT_POLICY.retired_s
                 pipe.pexpireat(api_key, int(purge_at * 1000))
             await pipe.execute()
@@ -281,6 +280,7 @@ def bucket_ttls_s() -> dict[str, float]:
 async def admission_part(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     settings = CommonSettings(
         _env_file=None,
+        control_keys_dir=control_keys(),
         kafka_bootstrap=bootstrap,
         kafka_idempotence=False,
         topic_prefix=f"bench{uuid.uuid4().hex[:8]}.",

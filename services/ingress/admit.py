@@ -12,14 +12,16 @@ from schemas import ClientMeta, InferenceRequest
 from seawall_client.clock import Clock
 from services.ingress import openai as oai
 from services.ingress.pipeline import IngressPipeline, Principal
-from services.ingress.policy.filters.geo import client_address
+from services.ingress.policy.filters.geo import TrustedProxies, client_address
 from services.ingress.refusals import Refusal
 
 
-def source_of(conn: HTTPConnection, trusted_proxies: int) -> str:
-    """The client's address (past ``trusted_proxies``); empty when unknown."""
+def source_of(conn: HTTPConnection, proxies: TrustedProxies) -> str:
+    """The client's address: the rightmost one outside the trusted ``proxies``
+    networks, from the TCP peer leftwards through ``X-Forwarded-For`` (a directly
+    connected client's header is ignored); empty when unknown."""
     peer = conn.client.host if conn.client else None
-    address = client_address(conn.headers.getlist("x-forwarded-for"), peer, trusted_proxies)
+    address = client_address(conn.headers.getlist("x-forwarded-for"), peer, proxies)
     return str(address.ip) if address.ip is not None else ""
 
 

@@ -88,7 +88,7 @@ async def admit(
     refusal = pipeline.check_user_agent(user_agent)
     if refusal is not None:
         return refusal
-    source = source_of(request, settings.trusted_proxies)
+    source = source_of(request, settings.proxies)
     span = TRACER.start("ingress.authenticate", trace)
     principal = await pipeline.authenticate(
         bearer(request.headers.get("authorization")), source=source

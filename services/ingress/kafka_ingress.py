@@ -24,7 +24,13 @@ effect is acknowledged. A crash before the commit means the batch comes again; i
 duplicates carry the same request ids and are dropped downstream.
 
 - An ``AbortRequest`` (signed too) from a live key sets the abort marker of its
-  tenant's request id; one from a key that is not live is dead-lettered.
+  tenant's request id; one from a key that is not live is dead-lettered. Each costs
+  ingress a Redis write and Redis a marker, so a key's aborts are limited
+  (``kafka_aborts_per_key_per_s``, ``_burst``; a token bucket per key id in this
+  process, ``denials.FailureLimiter``, so the bound holds per ingress replica): past
+  it an abort sets nothing, is counted (``seawall_ingress_aborts_refused_total``) and
+  dead-lettered as ``too_many_aborts`` within a sample of its own (each letter is
+  kept for days), and its offset moves on like any other record's.
 - A record that does not decode is dead-lettered (``invalid_json``, ...), and so is one
   whose reply topic does not exist (``reply_topic_unreachable``).
 - A signed record that fails a filter (a retired key, oversize, blacklisted client,
@@ -38,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer
 
@@ -83,10 +89,13 @@ class _Aborted:
 @dataclass(frozen=True, slots=True)
 class _DeadLetter:
     error: DecodeError
-    anonymous: bool = False
-    """Proves no key (too large to look at, unsigned, an unknown key, a bad signature):
-    anyone who can write the topic can send such records by the million, so their
-    letters are sampled (``anonymous_dead_letters_per_s``) and the rest counted."""
+    sample: Literal["anonymous", "too_many_aborts"] | None = None
+    """Letters of records that can come in floods are kept within a sample
+    (``anonymous_dead_letters_per_s``, ``_burst``), the rest counted; each kind in a
+    bucket of its own, so one flood does not use up the other's sample. ``anonymous``:
+    proves no key (too large to look at, unsigned, an unknown key, a bad signature), so
+    anyone who can write the topic can send it by the million; ``too_many_aborts``: an
+    abort past its key's budget."""
 
 
 _Effect = _Publish | _Reject | _Aborted | _DeadLetter
@@ -114,6 +123,11 @@ class KafkaIngress(Component):
         self.anonymous = FailureLimiter(
             settings.anonymous_dead_letters_per_s, settings.anonymous_dead_letters_burst
         )
+        """Samples the dead letters of floods (``_DeadLetter.sample``), a bucket each."""
+        self.aborts = FailureLimiter(
+            settings.kafka_aborts_per_key_per_s, settings.kafka_aborts_per_key_burst
+        )
+        """Abort records per key id (module notes)."""
         # Producers outside seawall (SDK clients) write this topic and ring no doorbell:
         # its consumer keeps polling at the fetch wait.
         consumer: AIOKafkaConsumer = make_consumer(
@@ -149,7 +163,7 @@ class KafkaIngress(Component):
         if len(value) > limit:  # before its signature or its JSON is looked at
             return _DeadLetter(
                 DecodeError("too_large", f"{len(value)} bytes, above the limit of {limit}"),
-                anonymous=True,
+                sample="anonymous",
             )
         produced = produced_at_ns(record)
         root = TRACER.begin(ROOT, tracecontext.from_headers(record.headers), produced)
@@ -158,7 +172,7 @@ class KafkaIngress(Component):
         key = await self._pipeline.verify_signed(record.headers, value)
         span.end()
         if isinstance(key, Forged):
-            return _DeadLetter(key.error(), anonymous=True)
+            return _DeadLetter(key.error(), sample="anonymous")
         try:
             request = decode(INGRESS, value)
         except DecodeError as e:
@@ -170,6 +184,17 @@ class KafkaIngress(Component):
         if isinstance(request, AbortRequest):
             if isinstance(principal, Refusal):
                 return _DeadLetter(DecodeError(principal.code, principal.message))
+            # Only here, once the record proved its key and is no replay, does it take
+            # from its key's budget: a replayed copy of someone's abort (anyone who can
+            # write the topic can replay one) must not spend their budget. A record
+            # judged again (a Redis failure below, a redelivery) takes another token:
+            # taking it before the write is what keeps concurrent decisions in bound.
+            within, _ = self.aborts.fail(key.key_id, self._clock.monotonic())
+            if not within:
+                return _DeadLetter(
+                    DecodeError("too_many_aborts", "too many aborts for this key"),
+                    sample="too_many_aborts",
+                )
             # Set here, not when applying: a Redis failure then retries the record like
             # a failed key lookup does. The marker is idempotent.
             await self._pipeline.abort(
@@ -242,8 +267,10 @@ class KafkaIngress(Component):
         if isinstance(decision, _Aborted):
             m.REQUESTS.labels("kafka", "aborted").inc()
             return None
-        if decision.anonymous:
-            within, _ = self.anonymous.fail("anonymous", self._clock.monotonic())
+        if decision.sample == "too_many_aborts":
+            m.ABORTS_REFUSED.inc()
+        if decision.sample is not None:
+            within, _ = self.anonymous.fail(decision.sample, self._clock.monotonic())
             if not within:  # counted, not kept: the flood costs its sender, not us
                 m.REQUESTS.labels("kafka", "dead_letter_sampled_out").inc()
                 m.REFUSALS.labels("kafka", decision.error.reason).inc()

@@ -7,9 +7,10 @@ The lifecycle rules are ``keys.py``'s; this module only keeps their state. Layou
 |------------------------------|------|---------------------------------------------------------|
 | ``<p>key:<key id>``          | hash | ``tenant``, ``key_hash`` (HMAC, never the key),         |
 |                              |      | ``signing_key`` (wrapped under the pepper),            |
-|                              |      | ``created_at``, ``rotated_at``, ``revoked_at`` (epoch s) |
+|                              |      | ``created_at``, ``rotated_at``, ``revoked_at`` (epoch s), |
+|                              |      | ``mac``                                                 |
 | ``<p>tenant:{<t>}:keys``     | set  | the tenant's key ids                                    |
-| ``<p>tenant:{<t>}:policy``   | hash | ``tier``, ``sensitive`` (``block`` or ``redact``)       |
+| ``<p>tenant:{<t>}:policy``   | hash | ``tier``, ``sensitive`` (``block`` or ``redact``), ``mac`` |
 | ``<p>tenants``               | set  | every tenant with a key                                 |
 
 A key record expires (``PEXPIREAT``) when its lifecycle reaches ``purged``, so Redis
@@ -18,6 +19,24 @@ deletes it; the ids left behind in the tenant's set are dropped on the next list
 The tier belongs to the tenant, not to a key (quotas are per tenant: two keys of one
 tenant at different tiers would share one bucket under two rule sets), so a key's tier
 is its tenant's tier at the time of the request.
+
+Integrity. Key records and policies carry ``mac`` (``policy.integrity``: HMAC-SHA-256
+under a subkey of the pepper over every field that decides something), checked in
+constant time on every read from Redis; what the cache holds was checked when it was
+read. A record whose MAC is missing or wrong is refused as if it were absent — the key
+does not authenticate, the tenant has no policy (``tenant_unknown``) — logged with a
+warning once per record and counted in ``seawall_ingress_record_integrity_failures_total``.
+So whoever can write Redis without the pepper can break keys, never move one to
+another tenant, revive a revoked one or raise a tier. The MAC does not cover freshness:
+a record put back as it was earlier (a revoked key's record from a backup taken before
+the revocation) verifies; Redis ACLs and the audit trail are the defence there.
+
+Records written before records were signed have no MAC and are refused like altered
+ones (a start-up step that signed whatever it found would sign an attacker's edits as
+readily). ``seawall keys sign`` (``sign_unsigned``) signs them once, when upgrading: it
+signs only records with no MAC at all, each only if it is still exactly as read,
+audits each one, and lists them for the operator to review; a record with a wrong MAC
+is never signed (it is reported; revoke the key, or give the tenant its tier again).
 
 Writes run in an order that is safe without a transaction (the records live in
 different Redis Cluster slots): sets and policy first, the key record last, so a failure
@@ -35,13 +54,18 @@ from typing import Any, Literal, TypeVar, cast
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
+from pydantic import TypeAdapter, ValidationError
 from redis.typing import EncodableT, FieldT
 
 from schemas import AuditEvent, Tier
+from schemas.base import Ident
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.serde import encode
 from seawall_client.topics import RedisKeys
+from services.common.lua import Lua
 from services.common.sensitive import SensitivePolicy
+from services.ingress import metrics as m
+from services.ingress.policy.integrity import RecordMacs, matches
 from services.ingress.policy.keys import (
     DEFAULT_POLICY,
     IssuedKey,
@@ -55,9 +79,35 @@ from services.ingress.policy.keys import (
 log = logging.getLogger(__name__)
 
 AuditAction = Literal[
-    "key_created", "key_rotated", "key_revoked", "key_denied", "policy_changed", "request_blocked"
+    "key_created",
+    "key_rotated",
+    "key_revoked",
+    "key_denied",
+    "policy_changed",
+    "request_blocked",
+    "record_signed",
 ]
+RecordKind = Literal["key", "policy"]
 _DATES = ("created_at", "rotated_at", "revoked_at")
+_WARNED_MAX = 10_000
+"""Records whose refusal was logged, remembered (the most recent) so that each is
+logged once, not on every read: a flood on one altered key logs one line."""
+
+SIGN_IF_UNCHANGED = """
+-- KEYS[1]: a record; ARGV[1]: its MAC; ARGV[2..]: its fields and values, as read.
+-- Sets the MAC only if the record has none and is still exactly as read (HSET on an
+-- existing hash keeps its TTL). 1 if signed, else 0.
+if redis.call('HEXISTS', KEYS[1], 'mac') == 1 then return 0 end
+local now = redis.call('HGETALL', KEYS[1])
+if #now == 0 or #now ~= #ARGV - 1 then return 0 end
+local read = {}
+for i = 2, #ARGV, 2 do read[ARGV[i]] = ARGV[i + 1] end
+for i = 1, #now, 2 do
+  if read[now[i]] ~= now[i + 1] then return 0 end
+end
+redis.call('HSET', KEYS[1], 'mac', ARGV[1])
+return 1
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +124,46 @@ class KeyListing:
 
 class KeyNotFound(LookupError):
     """No record for this key id (never existed, or purged)."""
+
+
+class KeyRecordRefused(KeyNotFound):
+    """A record for this key id that fails its integrity check (no MAC, or a wrong
+    one): to every caller that only asks whether the key exists, it does not."""
+
+
+@dataclass(frozen=True, slots=True)
+class SignReport:
+    """What ``KeyStore.sign_unsigned`` found: the records it signed (or would sign),
+    and those it left refused."""
+
+    keys: list[KeyRecord]
+    policies: list[tuple[str, TenantPolicy]]
+    altered: list[tuple[RecordKind, str]]
+    """Records with a MAC that does not match: never signed."""
+    damaged: list[tuple[RecordKind, str]]
+    """Records with no MAC that cannot be read (missing or unparsable fields)."""
+    changed: list[tuple[RecordKind, str]]
+    """Records that changed between being read and being signed: left unsigned (run
+    the command again)."""
+
+
+def key_record_fields(record: KeyRecord, macs: RecordMacs) -> dict[FieldT, EncodableT]:
+    """A key record's hash fields as the store writes them, its MAC included."""
+    fields: dict[FieldT, EncodableT] = {"tenant": record.tenant, "key_hash": record.key_hash}
+    if record.signing_key:
+        fields["signing_key"] = record.signing_key
+    fields |= {name: repr(value) for name in _DATES if (value := getattr(record, name)) is not None}
+    fields["mac"] = macs.key_record(record)
+    return fields
+
+
+def policy_fields(tenant: str, policy: TenantPolicy, macs: RecordMacs) -> dict[FieldT, EncodableT]:
+    """A tenant policy's hash fields as the store writes them, its MAC included."""
+    return {
+        "tier": policy.tier.value,
+        "sensitive": policy.sensitive,
+        "mac": macs.policy(tenant, policy.tier.value, policy.sensitive),
+    }
 
 
 class AuditLog:
@@ -109,6 +199,15 @@ class AuditLog:
 
 
 T = TypeVar("T")
+_IDENT: TypeAdapter[str] = TypeAdapter(Ident)
+
+
+def _is_ident(text: str) -> bool:
+    try:
+        _IDENT.validate_python(text)
+    except ValidationError:
+        return False
+    return True
 
 
 def _text(value: Any) -> str:
@@ -132,6 +231,8 @@ class KeyStore:
         self._redis = redis
         self._keys = redis_keys
         self._pepper = pepper
+        self._macs = RecordMacs.from_pepper(pepper)
+        self._warned: OrderedDict[tuple[RecordKind, str], None] = OrderedDict()
         self._audit = audit
         self._default_sensitive: SensitivePolicy = default_sensitive
         self.lifecycle = lifecycle
@@ -154,15 +255,16 @@ class KeyStore:
 
     # -- reads -------------------------------------------------------------------
     async def get(self, key_id: str) -> KeyRecord | None:
-        """The key's record; ``None`` if there is none, or none that can be read (a
-        damaged record is logged and treated as absent: the key does not work, and
-        no request can crash ingress with it).
+        """The key's record; ``None`` if there is none, or none that can be trusted (a
+        damaged record, or one whose MAC is missing or wrong, is logged and treated as
+        absent: the key does not work, and no request can crash ingress with it).
 
         With ``cache_s``, what was read (absent records too) is kept that long, for at
         most ``cache_size`` key ids: a stream of records, or of bad signatures, for
         one key costs one Redis read per ``cache_s``; a key revoked elsewhere stops
         working here within ``cache_s``. Absent ids are kept apart (``_absent``), so
-        that made-up ids cannot push real keys out."""
+        that made-up ids cannot push real keys out. Only what ``_read`` returned is
+        cached, so a cached record passed its MAC check when it was read."""
         return await self._cached(self._cache, key_id, self._read, self._absent)
 
     async def _cached(
@@ -197,6 +299,16 @@ class KeyStore:
         fields = await self._hash(self._keys.api_key(key_id))
         if not fields:
             return None
+        record = self._parse(key_id, fields)
+        if record is None:
+            log.error("damaged key record", extra={"key_id": key_id})
+            return None
+        if not self._verified("key", key_id, self._macs.key_record(record), fields):
+            return None
+        return record
+
+    @staticmethod
+    def _parse(key_id: str, fields: dict[str, str]) -> KeyRecord | None:
         try:
             dates = {name: float(fields[name]) if name in fields else None for name in _DATES}
             return KeyRecord(
@@ -209,8 +321,30 @@ class KeyStore:
                 signing_key=fields.get("signing_key", ""),
             )
         except (KeyError, ValueError, TypeError):
-            log.error("damaged key record", extra={"key_id": key_id})
             return None
+
+    def _verified(self, kind: RecordKind, name: str, expected: str, fields: dict[str, str]) -> bool:
+        """Whether the record's stored MAC is ``expected``; if not, the refusal is
+        counted, and logged the first time for this record."""
+        stored = fields.get("mac")
+        if matches(expected, stored):
+            return True
+        reason = "unsigned" if stored is None else "mismatch"
+        m.RECORD_INTEGRITY.labels(kind, reason).inc()
+        if (kind, name) not in self._warned:
+            self._warned[(kind, name)] = None
+            while len(self._warned) > _WARNED_MAX:
+                self._warned.popitem(last=False)
+            log.warning(
+                "a %s record failed its integrity check (%s): refused%s",
+                kind,
+                reason,
+                " (written before records were signed: run `seawall keys sign`)"
+                if reason == "unsigned"
+                else " (altered in Redis, or written under another pepper)",
+                extra={"record": kind, ("key_id" if kind == "key" else "tenant"): name},
+            )
+        return False
 
     async def policy(self, tenant: str) -> TenantPolicy | None:
         """The tenant's policy; ``None`` if there is none or it is damaged (logged).
@@ -219,13 +353,27 @@ class KeyStore:
         return await self._cached(self._policies, tenant, self._read_policy)
 
     async def _read_policy(self, tenant: str) -> TenantPolicy | None:
+        return (await self._policy_state(tenant))[0]
+
+    async def _policy_state(self, tenant: str) -> tuple[TenantPolicy | None, bool]:
+        """The tenant's policy if it can be trusted, and whether there is a record at
+        all (one that is damaged or fails its MAC is not trusted, but exists)."""
         fields = await self._hash(self._policy_key(tenant))
         if not fields:
-            return None
+            return None, False
+        policy = self._parse_policy(fields)
+        if policy is None:
+            log.error("damaged tenant policy", extra={"tenant": tenant})
+            return None, True
+        expected = self._macs.policy(tenant, fields["tier"], fields.get("sensitive"))
+        if not self._verified("policy", tenant, expected, fields):
+            return None, True
+        return policy, True
+
+    def _parse_policy(self, fields: dict[str, str]) -> TenantPolicy | None:
         sensitive = fields.get("sensitive", self._default_sensitive)
         tier = fields.get("tier")
         if sensitive not in ("block", "redact") or tier not in set(Tier):
-            log.error("damaged tenant policy", extra={"tenant": tenant})
             return None
         return TenantPolicy(Tier(tier), cast(SensitivePolicy, sensitive))
 
@@ -245,8 +393,11 @@ class KeyStore:
             ids = await cast(Any, self._redis.smembers(self._keys.tenant_keys(t)))
             for key_id in sorted(_text(i) for i in ids):
                 record = await self.get(key_id)
-                if record is None:  # purged by its expiry
-                    await cast(Any, self._redis.srem(self._keys.tenant_keys(t), key_id))
+                if record is None:
+                    # purged by its expiry: forgotten; refused (damaged, no MAC or a
+                    # wrong one): kept listed, for ``sign_unsigned`` and the operator
+                    if not await self._redis.exists(self._keys.api_key(key_id)):
+                        await cast(Any, self._redis.srem(self._keys.tenant_keys(t), key_id))
                     continue
                 listings.append(KeyListing(record, policy))
         return sorted(listings, key=lambda item: (item.record.created_at, item.record.key_id))
@@ -255,10 +406,17 @@ class KeyStore:
     async def set_policy(
         self, tenant: str, *, tier: Tier | None = None, sensitive: SensitivePolicy | None = None
     ) -> TenantPolicy:
-        """Create or change a tenant's policy; a new tenant needs a ``tier``."""
-        current = await self._read_policy(tenant)  # never a cached copy: it may change
+        """Create or change a tenant's policy; a new tenant needs a ``tier``, and so
+        does one whose policy fails its integrity check (it is written anew, signed)."""
+        # never a cached copy: it may change
+        current, exists = await self._policy_state(tenant)
         if current is None:
             if tier is None:
+                if exists:
+                    raise ValueError(
+                        f"tenant {tenant!r}'s policy fails its integrity check (unsigned: "
+                        "run `seawall keys sign`; or altered): give it a tier to set it anew"
+                    )
                 raise ValueError(f"tenant {tenant!r} is new: give it a tier")
             new = TenantPolicy(tier, sensitive or self._default_sensitive)
         else:
@@ -270,8 +428,7 @@ class KeyStore:
         await cast(
             Any,
             self._redis.hset(
-                self._policy_key(tenant),
-                mapping={"tier": new.tier.value, "sensitive": new.sensitive},
+                self._policy_key(tenant), mapping=policy_fields(tenant, new, self._macs)
             ),
         )
         detail = {"tier": new.tier.value, "sensitive": new.sensitive}
@@ -319,9 +476,12 @@ class KeyStore:
         return old, issued
 
     async def _require(self, key_id: str) -> KeyRecord:
-        record = await self._read(key_id)  # never a cached copy: it is about to change
-        if record is None:
+        # never a cached copy: it is about to change
+        if not await self._redis.exists(self._keys.api_key(key_id)):
             raise KeyNotFound(key_id)
+        record = await self._read(key_id)
+        if record is None:
+            raise KeyRecordRefused(key_id)
         return record
 
     async def _store(self, record: KeyRecord) -> None:
@@ -329,14 +489,78 @@ class KeyStore:
         self._absent.pop(record.key_id, None)
         await cast(Any, self._redis.sadd(self._keys.tenant_keys(record.tenant), record.key_id))
         key = self._keys.api_key(record.key_id)
-        fields: dict[FieldT, EncodableT] = {"tenant": record.tenant, "key_hash": record.key_hash}
-        if record.signing_key:
-            fields["signing_key"] = record.signing_key
-        fields |= {
-            name: repr(value) for name in _DATES if (value := getattr(record, name)) is not None
-        }
         purge_at_ms = int((disabled_at(record, self.lifecycle) + self.lifecycle.retired_s) * 1000)
+        # The hash is written whole (DEL first): what is stored is exactly what its MAC
+        # covers, no field of an earlier version left beside it.
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=fields)
+            pipe.delete(key)
+            pipe.hset(key, mapping=key_record_fields(record, self._macs))
             pipe.pexpireat(key, purge_at_ms)
             await pipe.execute()
+
+    # -- upgrading -----------------------------------------------------------------
+    async def sign_unsigned(self, *, dry_run: bool = False) -> SignReport:
+        """Sign the key records and policies written before records carried a MAC
+        (``seawall keys sign``, once, when upgrading): every tenant's policy and every
+        listed key record that has no MAC at all, each only if it is still exactly as
+        read (a Lua compare-and-set), each audited (``record_signed``). Records with a
+        wrong MAC, or damaged, are reported, never signed. ``dry_run``: report only.
+
+        Whatever a record holds when it is signed is what ingress trusts from then on:
+        the caller shows the operator what was signed, to compare with what was meant.
+        """
+        report = SignReport([], [], [], [], [])
+        cas = Lua(self._redis, SIGN_IF_UNCHANGED)
+
+        async def sign(key: str, mac: str, fields: dict[str, str]) -> bool:
+            if dry_run:
+                return True
+            pairs = [item for pair in fields.items() for item in pair]
+            return bool(await cas([key], [mac, *pairs]))
+
+        for tenant in await self.tenants():
+            key = self._policy_key(tenant)
+            fields = await self._hash(key)
+            policy = self._parse_policy(fields) if fields else None
+            if not fields:
+                pass
+            elif policy is None:
+                report.damaged.append(("policy", tenant))
+            elif "mac" in fields:
+                expected = self._macs.policy(tenant, fields["tier"], fields.get("sensitive"))
+                if not matches(expected, fields["mac"]):
+                    report.altered.append(("policy", tenant))
+            elif await sign(
+                key, self._macs.policy(tenant, fields["tier"], fields.get("sensitive")), fields
+            ):
+                report.policies.append((tenant, policy))
+                self._policies.pop(tenant, None)
+                if not dry_run:
+                    detail = {"record": "policy", "tier": policy.tier.value}
+                    await self._audit.record(tenant, "record_signed", detail=detail)
+            else:
+                report.changed.append(("policy", tenant))
+            ids = await cast(Any, self._redis.smembers(self._keys.tenant_keys(tenant)))
+            for key_id in sorted(_text(i) for i in ids):
+                key = self._keys.api_key(key_id)
+                fields = await self._hash(key)
+                record = self._parse(key_id, fields) if fields else None
+                if not fields:
+                    continue  # purged
+                if record is None or not _is_ident(record.tenant):  # not even auditable
+                    report.damaged.append(("key", key_id))
+                elif "mac" in fields:
+                    if not matches(self._macs.key_record(record), fields["mac"]):
+                        report.altered.append(("key", key_id))
+                elif await sign(key, self._macs.key_record(record), fields):
+                    report.keys.append(record)
+                    self._cache.pop(key_id, None)
+                    self._absent.pop(key_id, None)
+                    if not dry_run:
+                        detail = {"record": "key"}
+                        await self._audit.record(
+                            record.tenant, "record_signed", key_id=key_id, detail=detail
+                        )
+                else:
+                    report.changed.append(("key", key_id))
+        return report

@@ -29,7 +29,7 @@ async def models(request: Request) -> Response:
     principal = await front.pipeline.authenticate(
         bearer(request.headers.get("authorization")),
         action="read",
-        source=source_of(request, settings.trusted_proxies),
+        source=source_of(request, settings.proxies),
     )
     if isinstance(principal, Refusal):
         return refused("models", principal, {})

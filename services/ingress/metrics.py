@@ -53,6 +53,11 @@ ABORTS = Counter(
     "Abort markers set for requests nobody waits for any more, by cause",
     ["cause"],
 )
+ABORTS_REFUSED = Counter(
+    "seawall_ingress_aborts_refused_total",
+    "Signed abort records refused, no marker set: their key's abort budget on this "
+    "ingress replica was spent (SEAWALL_KAFKA_ABORTS_PER_KEY_PER_S, _BURST)",
+)
 
 
 class LongPromptShare:
@@ -115,4 +120,11 @@ QUOTA_HINTS = Gauge(
 INVALID_HINTS = Counter(
     "seawall_ingress_invalid_quota_hints_total",
     "Records on the quota hint topic that are not a hint (skipped)",
+)
+RECORD_INTEGRITY = Counter(
+    "seawall_ingress_record_integrity_failures_total",
+    "Reads of key records (record=key) and tenant policies (record=policy) from Redis "
+    "refused for their MAC: unsigned (written before records were signed: run "
+    "`seawall keys sign`) or mismatch (altered in Redis, or written under another pepper)",
+    ["record", "reason"],
 )

@@ -105,7 +105,7 @@ class ReplyRouter(Component):
 
     async def on_start(self) -> None:
         s = self._settings
-        await ensure_topics(s.kafka_bootstrap, [self._spec], s.topic_replication)
+        await ensure_topics(s.kafka, [self._spec])
         await start_tail(self._consumer, self.topic)
         await self._loop.start()
         self.spawn(self._watch(), "watch")

@@ -127,7 +127,7 @@ class IngressService(Component):
         s = self.settings
         if s.dev_pepper:
             log.warning("SEAWALL_DEV_MODE without a pepper: using the development pepper")
-        await ensure_topics(s.kafka_bootstrap, self.topics.specs(), s.topic_replication)
+        await ensure_topics(s.kafka, self.topics.specs())
         await self._producer.start()
         await self.denials.start()
         await self.router.start()
@@ -147,6 +147,13 @@ class IngressService(Component):
             log_config=None,
             access_log=False,
             lifespan="off",
+            # uvicorn would otherwise replace the TCP peer with X-Forwarded-For's last
+            # entry whenever the peer is in FORWARDED_ALLOW_IPS (127.0.0.1 and ::1 by
+            # default, anything an environment sets): a second, count-based trust that
+            # lets a local client forge its address. The peer stays the peer; only
+            # SEAWALL_TRUSTED_PROXIES decides whom X-Forwarded-For is believed from
+            # (``admit.source_of``).
+            proxy_headers=False,
             timeout_graceful_shutdown=math.ceil(s.shutdown_grace_s),
             timeout_keep_alive=math.ceil(s.http_keep_alive_s),
             ws_ping_interval=s.ws_ping_s,

@@ -17,7 +17,7 @@ from pydantic_settings import NoDecode
 from schemas.base import Ident
 from services.common.settings import CommonSettings
 from services.ingress.policy.filters.body import DEFAULT_MAX_BODY_BYTES
-from services.ingress.policy.filters.geo import RegionTable
+from services.ingress.policy.filters.geo import RegionTable, TrustedProxies
 from services.ingress.policy.filters.useragent import DEFAULT_SUBSTRINGS
 
 DEV_PEPPER = "seawall-development-pepper"
@@ -29,6 +29,14 @@ MISSING_PEPPER = (
     "(e.g. `python3 -c 'import secrets; print(secrets.token_hex(32))'`); `seawall up` makes "
     "one in its state directory. On a laptop, SEAWALL_DEV_MODE=true uses a fixed "
     "development pepper instead."
+)
+
+TRUSTED_PROXIES_IS_A_COUNT = (
+    "SEAWALL_TRUSTED_PROXIES lists the networks of the proxies in front of ingress as "
+    "CIDRs (e.g. 10.0.0.0/8,127.0.0.1/32), no longer a count of hops: a count trusted "
+    "X-Forwarded-For whoever connected, so any client could forge its address. List the "
+    "networks your load balancers and proxies connect from; leave it empty to trust no "
+    "proxy (the TCP peer is then the client)."
 )
 
 #: The schema's ceiling for ``max_tokens`` (``SamplingParams``).
@@ -46,6 +54,7 @@ _IDENT: TypeAdapter[str] = TypeAdapter(Ident)
 
 class IngressSettings(CommonSettings):
     _pepper: bytes = PrivateAttr(default=b"")
+    _proxies: TrustedProxies = PrivateAttr(default_factory=TrustedProxies)
 
     ingress_host: str = "127.0.0.1"
     ingress_port: int = Field(default=8080, ge=0, le=65535)
@@ -69,8 +78,12 @@ class IngressSettings(CommonSettings):
     """Regular expressions (case-insensitive)."""
     block_missing_user_agent: bool = False
 
-    trusted_proxies: int = Field(default=0, ge=0, le=16)
-    """Proxies in front of ingress that append to ``X-Forwarded-For``; 0 trusts none."""
+    trusted_proxies: CommaList = ()
+    """CIDRs of the proxies in front of ingress that append to ``X-Forwarded-For``
+    (``10.0.0.0/8,127.0.0.1/32``); empty trusts none: the TCP peer is the client. The
+    client is the rightmost address outside these networks, walking from the peer
+    (``policy.filters.geo.client_address``); a peer outside them is the client,
+    whatever it sends. The old form, a count of hops, is refused at start-up."""
     region_table: dict[str, str] = Field(default_factory=dict)
     """CIDR → region; the longest prefix wins."""
 
@@ -95,6 +108,15 @@ class IngressSettings(CommonSettings):
     """Requests one socket may have in flight; more are refused (``too_many_in_flight``)."""
     ws_poll_s: float = Field(default=0.5, gt=0, le=60)
     """How often a resumed session looks for replies still owed to it."""
+    ws_max_sockets_per_key: int = Field(default=16, ge=1, le=100_000)
+    """Sockets one API key may hold open at once on this ingress replica (counted in
+    process: the fleet's bound is this times the replicas); one more is refused with
+    close code 4005 (``too_many_sockets``)."""
+    ws_max_sessions_per_key: int = Field(default=100, ge=1, le=1_000_000)
+    """Sessions one API key may hold at once, fleet-wide (in Redis): a session lasts
+    ``ws_max_age_s`` from its start whether or not a socket is open on it, so this also
+    bounds how many new sessions a key may start per ``ws_max_age_s``; one more is
+    refused with close code 4006 (``too_many_sessions``). Resuming one is not a new one."""
     max_output_tokens: int = Field(default=MAX_TOKENS_CEILING, ge=1, le=MAX_TOKENS_CEILING)
     """``max_tokens`` above this is refused (400), not silently lowered."""
     retry_after_s: float = Field(default=1.0, ge=0, le=3600)
@@ -135,18 +157,52 @@ class IngressSettings(CommonSettings):
     """Dead letters kept for ingress records that prove no key (unsigned, an unknown
     key, a bad signature, too large): ``burst``, then this many a second; the rest are
     counted (``seawall_ingress_requests_total{outcome="dead_letter_sampled_out"}``,
-    refusals by reason) and dropped — each letter is a record kept for days."""
+    refusals by reason) and dropped — each letter is a record kept for days. Aborts past
+    their key's budget (``kafka_aborts_per_key_*``) are sampled alike, apart."""
 
     kafka_ingress: bool = True
     """Consume ``llm.ingress``; off for HTTP-only instances (a group has no use for
     more members than the topic has partitions)."""
     kafka_max_batch: int = Field(default=200, ge=1, le=10_000)
     """Records the Kafka ingress takes per batch; it commits after each batch."""
+    kafka_aborts_per_key_per_s: float = Field(default=20.0, gt=0, le=100_000)
+    kafka_aborts_per_key_burst: int = Field(default=200, ge=1, le=1_000_000)
+    """Signed ``AbortRequest`` records a key may send on ``llm.ingress`` (``burst``,
+    refilled at the rate) before its aborts are refused: counted
+    (``seawall_ingress_aborts_refused_total``) and dead-lettered (``too_many_aborts``,
+    sampled like ``anonymous_dead_letters_*``, in a bucket of their own), no marker set.
+    Each abort sets a Redis marker that lives up to ``default_deadline_s`` (plus a
+    margin) for one Redis write; a genuine client aborts at most the requests it sent
+    (the SDK, those it gives up on), so the burst covers a client stopping with many in
+    flight. Per ingress replica (in process, ``denials.FailureLimiter``): a key's aborts
+    spread over the topic's partitions, so the fleet's bound is the replicas consuming
+    them times this; the markers one key holds are at most about that rate times the
+    marker's life."""
 
-    @field_validator("user_agent_blacklist", "user_agent_patterns", mode="before")
+    @field_validator(
+        "user_agent_blacklist", "user_agent_patterns", "trusted_proxies", mode="before"
+    )
     @classmethod
     def _split(cls, v: object) -> object:
         return tuple(p.strip() for p in v.split(",") if p.strip()) if isinstance(v, str) else v
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _not_a_count(cls, v: object) -> object:
+        # The old form, a count of hops, is refused rather than reinterpreted: no guess
+        # at the networks a count meant is safe. (Digits in the environment are caught
+        # after the split, below.)
+        if isinstance(v, int):
+            raise ValueError(TRUSTED_PROXIES_IS_A_COUNT)
+        return v
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _valid_proxy_cidrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any(cidr.isdigit() for cidr in v):
+            raise ValueError(TRUSTED_PROXIES_IS_A_COUNT)
+        TrustedProxies(v)  # a bad CIDR fails at start, not per request
+        return v
 
     @field_validator("region_table")
     @classmethod
@@ -181,6 +237,16 @@ class IngressSettings(CommonSettings):
             raise ValueError("the key pepper is shorter than 16 characters")
         self._pepper = pepper.encode()
         return self
+
+    @model_validator(mode="after")
+    def _compile_proxies(self) -> Self:
+        self._proxies = TrustedProxies(self.trusted_proxies)
+        return self
+
+    @property
+    def proxies(self) -> TrustedProxies:
+        """``trusted_proxies``, compiled once for every request's address."""
+        return self._proxies
 
     @property
     def pepper(self) -> bytes:

@@ -4,8 +4,10 @@ that outlive the socket.
 Protocol (JSON text frames):
 
 - The upgrade request authenticates as HTTP does (``Authorization: Bearer <key>``,
-  the same user-agent and source checks). ``?session_id=<id>`` resumes a session of the
-  same tenant, on any ingress replica; without it a new session starts.
+  the same user-agent and source checks). ``?session_id=<id>`` resumes a session on
+  any ingress replica — only one started with the same API key (not another key of
+  the tenant, not the key that replaced it at rotation: a session is a key's, as its
+  reply topics are); without it a new session starts.
 - The server's first frame: ``{"type": "session", "session_id", "resumed", "ping_s",
   "idle_timeout_s", "max_age_s", "max_in_flight"}``.
 - The client sends chat-completion bodies (``/v1/chat/completions``'s), each with an
@@ -21,8 +23,20 @@ Protocol (JSON text frames):
 Close codes: 1000 the client closed; 1012 ingress is stopping (uvicorn's); 1008 the upgrade was
 refused (the reason in a preceding error frame); 4001 idle — nothing in flight and
 nothing received for ``ws_idle_timeout_s`` (300 s); 4002 the session reached
-``ws_max_age_s`` (3,600 s); 4004 no such session for this tenant. The server pings every
-``ws_ping_s`` (30 s, uvicorn's protocol pings); a client that does not answer is gone.
+``ws_max_age_s`` (3,600 s); 4004 no such session for this key (whether it never
+existed, ended, or is another key's: the same answer); 4005 the key has
+``ws_max_sockets_per_key`` sockets open on this replica (16) and 4006 the key holds
+``ws_max_sessions_per_key`` sessions (100) — each after an error frame (status 429, code
+``too_many_sockets`` or ``too_many_sessions``), with that code as the close reason. The
+server pings every ``ws_ping_s`` (30 s, uvicorn's protocol pings); a client that does
+not answer is gone.
+
+In Redis a session is a hash (``RedisKeys.session``: tenant, key id, start, requests
+pending), its owed list, and its place in its key's set of live sessions
+(``RedisKeys.key_sessions``, which enforces the cap); each expires with the session.
+Every write to them is one Lua call that sets the TTL in the same step, or writes
+nothing once the session is gone (``SESSION``): a late update — a reply that comes
+after the session expired — cannot re-create a session key that never expires.
 
 Replies still owed. A request's wait does not end with its socket: it goes on until
 the request's deadline, and a final frame whose socket is gone is appended to the
@@ -40,18 +54,21 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from schemas import ClientMeta, InferenceReply, ReplyChunk
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.streams import ReplyRouterClosed
 from seawall_client.topics import RedisKeys
 from services.common.failures import is_infrastructure
+from services.common.lua import Lua
 from services.ingress import openai as oai
 from services.ingress.admit import Admitted, admit_body, bearer, source_of
 from services.ingress.answers import Waiter, deadline_error
@@ -65,8 +82,72 @@ CLOSE_REFUSED = 1008
 CLOSE_IDLE = 4001
 CLOSE_MAX_AGE = 4002
 CLOSE_UNKNOWN_SESSION = 4004
+CLOSE_TOO_MANY_SOCKETS = 4005
+CLOSE_TOO_MANY_SESSIONS = 4006
 MAX_CLIENT_ID = 128
 OWED_BATCH = 100
+_SESSION_ID = re.compile(r"[0-9a-f]{32}")
+
+SESSION = """
+-- A WebSocket session's writes, each atomic with its TTL (one script: the session's
+-- keys share the hash tag {session id}; the key's set has its own, {key id}).
+-- ARGV[1] the op, ARGV[2] the session's maximum age (ms).
+--
+-- 'open'    KEYS[1] the key's live sessions (session id -> when it ends, ms);
+--           ARGV[3] session id, ARGV[4] the cap. Drops the ended ones; adds this one
+--           unless the key holds the cap already; the set expires with its last
+--           session. 1 if added, else 0.
+-- 'pending' KEYS[1] the session; ARGV[3] the change. Nothing if the session is gone.
+-- 'owe'     KEYS[1] the session, KEYS[2] its owed list; ARGV[3] a final frame: kept
+--           for the session's next connection, one pending fewer. Nothing if gone.
+-- 'requeue' KEYS[1] the session, KEYS[2] its owed list; ARGV[3..] frames to put back
+--           first in line (last first). Nothing if gone.
+-- 'pending', 'owe' and 'requeue' return 1 if they wrote, 0 if the session is gone. A
+-- session hash without a TTL (which only an older version's late update could leave)
+-- gets the maximum age.
+local op, max_age_ms = ARGV[1], tonumber(ARGV[2])
+
+if op == 'open' then
+  local clock = redis.call('TIME')
+  local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+    return 0
+  end
+  redis.call('ZADD', KEYS[1], string.format('%d', now_ms + max_age_ms), ARGV[3])
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[1], string.format('%d', tonumber(last[2])))
+  return 1
+end
+
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl == -2 then
+  return 0
+end
+if ttl == -1 then
+  ttl = max_age_ms
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+if op == 'pending' then
+  redis.call('HINCRBY', KEYS[1], 'pending', ARGV[3])
+elseif op == 'owe' then
+  redis.call('RPUSH', KEYS[2], ARGV[3])
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  redis.call('HINCRBY', KEYS[1], 'pending', -1)
+elseif op == 'requeue' then
+  for i = 3, #ARGV do
+    redis.call('LPUSH', KEYS[2], ARGV[i])
+  end
+  redis.call('PEXPIRE', KEYS[2], ttl)
+else
+  return redis.error_reply('unknown op ' .. tostring(op))
+end
+return 1
+"""
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _error_frame(
@@ -121,12 +202,47 @@ class WebSocketSessions:
         self._redis = redis
         self._keys = RedisKeys(pipeline.settings.redis_prefix)
         self._clock = clock
+        self._script = Lua(redis, SESSION)
+        self._sockets: dict[str, int] = {}
+        """Sockets open on this replica, by key id (none: no entry)."""
 
     # -- the connection ----------------------------------------------------------
     async def serve(self, ws: WebSocket) -> None:
         principal = await self._authenticate(ws)
         if principal is None:
             return
+        key_id = principal.key_id
+        if self._sockets.get(key_id, 0) >= self.settings.ws_max_sockets_per_key:
+            await self._refuse_over_cap(
+                ws,
+                CLOSE_TOO_MANY_SOCKETS,
+                "too_many_sockets",
+                "Too many WebSockets open with this API key.",
+            )
+            return
+        self._sockets[key_id] = self._sockets.get(key_id, 0) + 1
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                left = self._sockets[key_id] - 1
+                if left:
+                    self._sockets[key_id] = left
+                else:
+                    del self._sockets[key_id]
+
+        try:
+            await self._serve(ws, principal, release)
+        finally:
+            release()
+
+    async def _serve(
+        self, ws: WebSocket, principal: Principal, release: Callable[[], None]
+    ) -> None:
+        """The socket's life once it holds its place under the key's cap (``release``
+        gives the place back: when the socket is gone, before its requests end)."""
         session_id, resumed = await self._session(ws, principal)
         if session_id is None:
             return
@@ -151,6 +267,7 @@ class WebSocketSessions:
                     await ws.close(code)
         finally:
             socket.open = False
+            release()  # the socket is gone; what it asked goes on without it
             if poller is not None:
                 poller.cancel()
             # The requests in flight go on until their deadlines: their finals are owed.
@@ -165,7 +282,7 @@ class WebSocketSessions:
             if refusal is not None
             else await pipeline.authenticate(
                 bearer(ws.headers.get("authorization")),
-                source=source_of(ws, self.settings.trusted_proxies),
+                source=source_of(ws, self.settings.proxies),
             )
         )
         if isinstance(principal, Principal):
@@ -175,22 +292,59 @@ class WebSocketSessions:
         await ws.close(CLOSE_REFUSED)
         return None
 
+    async def _refuse_over_cap(self, ws: WebSocket, code: int, reason: str, text: str) -> None:
+        if ws.application_state == WebSocketState.CONNECTING:
+            await ws.accept()
+        error = oai.ApiError(429, reason, text)
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            await ws.send_text(json.dumps(_error_frame(None, None, error)))
+            await ws.close(code, reason)
+
     async def _session(self, ws: WebSocket, principal: Principal) -> tuple[str | None, bool]:
         """The session's id and whether it was resumed; ``None`` when the asked-for one
-        is not this tenant's (or no longer exists): closed with 4004."""
+        is not this key's (or no longer exists): closed with 4004, the same answer
+        whichever, so that nobody learns another key's session ids exist; or when the
+        key holds its cap of sessions: closed with 4006."""
         wanted = ws.query_params.get("session_id")
         await ws.accept()
         if wanted:
-            tenant = await self._redis.hget(self._keys.session(wanted), "tenant")
-            if tenant not in (principal.tenant, principal.tenant.encode()):
+            owner = (
+                await self._redis.hmget(self._keys.session(wanted), ["tenant", "key_id"])
+                if _SESSION_ID.fullmatch(wanted)
+                else [None, None]
+            )
+            if [_text(v) for v in owner] != [principal.tenant, principal.key_id]:
                 await ws.close(CLOSE_UNKNOWN_SESSION)
                 return None, False
             return wanted, True
+        s = self.settings
         session_id = uuid.uuid4().hex
+        # The key's set first (its own slot): a failure after it leaves a place taken
+        # until the session would have ended, never a session past the cap.
+        opened = await self._script(
+            [self._keys.key_sessions(principal.key_id)],
+            ["open", self._max_age_ms(), session_id, s.ws_max_sessions_per_key],
+        )
+        if not opened:
+            await self._refuse_over_cap(
+                ws,
+                CLOSE_TOO_MANY_SESSIONS,
+                "too_many_sessions",
+                "Too many WebSocket sessions with this API key: resume one "
+                "(?session_id=) or wait for one to end.",
+            )
+            return None, False
         key = self._keys.session(session_id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"tenant": principal.tenant, "started_at": self._clock.time()})
-            pipe.pexpire(key, int(self.settings.ws_max_age_s * 1000))
+            pipe.hset(
+                key,
+                mapping={
+                    "tenant": principal.tenant,
+                    "key_id": principal.key_id,
+                    "started_at": self._clock.time(),
+                },
+            )
+            pipe.pexpire(key, self._max_age_ms())
             await pipe.execute()
         return session_id, False
 
@@ -323,7 +477,7 @@ class WebSocketSessions:
             session_id=parsed.user or socket.session_id,
             client=ClientMeta(
                 user_agent=(ws.headers.get("user-agent") or "")[:512],
-                client_ip=source_of(ws, self.settings.trusted_proxies),
+                client_ip=source_of(ws, self.settings.proxies),
             ),
             clock=self._clock,
         )
@@ -374,21 +528,19 @@ class WebSocketSessions:
         raw = await self._redis.hget(self._keys.session(session_id), "started_at")
         return float(raw) if raw is not None else self._clock.time()
 
+    def _max_age_ms(self) -> int:
+        return int(self.settings.ws_max_age_s * 1000)
+
     async def _pending(self, session_id: str, delta: int) -> None:
-        await self._redis.hincrby(self._keys.session(session_id), "pending", delta)
+        """Count a request pending for the session (or one fewer); a session that is
+        gone counts nothing (and is not re-created)."""
+        await self._script([self._keys.session(session_id)], ["pending", self._max_age_ms(), delta])
 
     async def _owe(self, session_id: str, frame: dict[str, Any]) -> None:
         """Keep a final frame for the session's next connection (as long as the session
         lives; one that is gone keeps nothing)."""
         key, owed = self._keys.session(session_id), self._keys.session_owed(session_id)
-        ttl_ms = await self._redis.pttl(key)
-        if ttl_ms <= 0:
-            return
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.rpush(owed, json.dumps(frame))
-            pipe.pexpire(owed, ttl_ms)
-            pipe.hincrby(key, "pending", -1)
-            await pipe.execute()
+        await self._script([key, owed], ["owe", self._max_age_ms(), json.dumps(frame)])
 
     async def _deliver_owed(self, socket: _Socket) -> None:
         """Send what the session is owed, then go on while requests are pending."""
@@ -405,7 +557,10 @@ class WebSocketSessions:
             for i, raw in enumerate(frames):
                 if not await socket.send(json.loads(raw)):
                     # gone again: what was not sent goes back first in line, in order
-                    await self._redis.lpush(owed, *reversed(frames[i:]))
+                    # (unless the session ended meanwhile: then nothing is owed)
+                    await self._script(
+                        [key, owed], ["requeue", self._max_age_ms(), *reversed(frames[i:])]
+                    )
                     return
             if not frames and int(pending or 0) <= 0:
                 return

@@ -32,6 +32,7 @@ def env(settings: CommonSettings) -> dict[str, str]:
         "SEAWALL_REDIS_URL": settings.redis_url,
         "SEAWALL_REDIS_PREFIX": settings.redis_prefix,
         "SEAWALL_TOPIC_PREFIX": settings.topic_prefix,
+        "SEAWALL_CONTROL_KEYS_DIR": str(settings.control_keys_dir),
         "SEAWALL_KEY_PEPPER": PEPPER,
         "COLUMNS": "200",
     }
@@ -63,7 +64,7 @@ async def test_create_list_rotate_revoke(
     raw = cast(dict[bytes, bytes], await redis.hgetall(layout.api_key(key_id)))
     stored = {k.decode(): v.decode() for k, v in raw.items()}
     assert stored["key_hash"] == hash_key(key, PEPPER.encode())
-    assert set(stored) == {"tenant", "key_hash", "signing_key", "created_at"}
+    assert set(stored) == {"tenant", "key_hash", "signing_key", "created_at", "mac"}
     assert key not in json.dumps(stored)
     # the record-signing key, wrapped under the pepper: not the key, nor usable alone
     signing_key = signing.signing_key(key)
@@ -72,7 +73,11 @@ async def test_create_list_rotate_revoke(
     assert await redis.ttl(layout.api_key(key_id)) > 0  # expires once purged
     assert await redis.smembers(layout.tenant_keys("acme")) == {key_id.encode()}
     policy = await redis.hgetall(f"{settings.redis_prefix}tenant:{{acme}}:policy")
-    assert policy == {b"tier": b"pro", b"sensitive": b"redact"}
+    assert {k: v for k, v in policy.items() if k != b"mac"} == {
+        b"tier": b"pro",
+        b"sensitive": b"redact",
+    }
+    assert len(policy[b"mac"]) == 64  # hex HMAC-SHA-256, checked on every read
 
     # the human form prints the key alone on standard output, the notice elsewhere
     human = await keys(env, "create", "--tenant", "acme", "--sensitive", "block")

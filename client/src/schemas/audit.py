@@ -22,6 +22,8 @@ class AuditEvent(Message):
         "key_denied",
         "policy_changed",
         "request_blocked",
+        # a record written before records carried a MAC, signed by `seawall keys sign`
+        "record_signed",
     ]
     outcome: Literal["ok", "denied"] = "ok"
     key_id: Ident | None = None

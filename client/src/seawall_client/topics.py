@@ -172,6 +172,11 @@ class RedisKeys:
         """The final frames a WebSocket session's socket was gone for, oldest first."""
         return f"{self.prefix}session:{{{session_id}}}:owed"
 
+    def key_sessions(self, key_id: str) -> str:
+        """The WebSocket sessions an API key started that have not ended yet (a sorted
+        set: session id by when it ends), which caps how many one key may hold."""
+        return f"{self.prefix}key_sessions:{{{key_id}}}"
+
     def reservation(self, tenant: str, request_id: str) -> str:
         """Tokens admission reserved for a request, until its completion corrects them."""
         return f"{self.prefix}reservation:{{{tenant}}}:{request_id}"

@@ -35,7 +35,9 @@ def ingress_settings(settings: CommonSettings, **changes: object) -> IngressSett
         shutdown_grace_s=3,
         key_pepper="test-pepper-0123456789",
         region_table={"203.0.113.0/24": "eu-west", "198.51.100.0/24": "ap-east"},
-        trusted_proxies=1,
+        # The test client connects from 127.0.0.1: it plays a trusted proxy, whose
+        # X-Forwarded-For entries name the client.
+        trusted_proxies=("127.0.0.1/32",),
         models={"default": "main", "small-model": "small"},
         kafka_ingress=False,  # joining its group takes seconds here; on where tested
     )

@@ -108,7 +108,8 @@ async def test_chat_json_enterprise_goes_to_vip_and_gets_its_answer(
     assert req.pool == "main"
     assert req.deadline_at is not None
     assert started + 115 < req.deadline_at <= time.time() + 120  # the default deadline
-    # one trusted proxy: the entry it appended names the client
+    # the peer (127.0.0.1) is a trusted proxy: the entry it appended names the client,
+    # and 10.0.0.2 is in no trusted network, so what is left of it is never read
     assert req.client.client_ip == "10.0.0.2"
     assert req.client.region == ""
 
@@ -517,10 +518,11 @@ async def test_failures_are_refused_past_their_budget_but_never_lock_out_a_right
     client: httpx.AsyncClient, keys: Keys
 ) -> None:
     """Failed authentications cost the attacker: past its budget (20) a (source, key id)
-    gets 429 with Retry-After. The attack that used to work — bad keys sent under a
-    victim's forwarded address — no longer touches the victim: its right key from that
+    gets 429 with Retry-After. Through a trusted proxy (the test client, 127.0.0.1) the
+    source is the forwarded address. The attack that used to work — bad keys sent under
+    a victim's forwarded address — no longer touches the victim: its right key from that
     address is still authenticated, and so is any other address."""
-    victim = {"X-Forwarded-For": "198.51.100.66"}  # trusted_proxies=1: the client's address
+    victim = {"X-Forwarded-For": "198.51.100.66"}  # appended by the trusted proxy
     bad = Keys.auth("sk-sw-0123456789ab_" + "x" * 43) | victim
     codes = [
         (await client.post("/v1/chat/completions", json=CHAT, headers=bad)).status_code
@@ -544,3 +546,56 @@ async def test_failures_are_refused_past_their_budget_but_never_lock_out_a_right
     assert (
         await client.post("/v1/chat/completions", json=CHAT, headers=elsewhere)
     ).status_code == 401
+
+
+@pytest.mark.parametrize(
+    # The trusted proxy is 127.0.0.2; the test's own client, connecting from 127.0.0.1,
+    # is a stranger connecting directly. Refilled once an hour, as above.
+    "ingress",
+    [{"failed_auth_per_source_per_s": 1 / 3600, "trusted_proxies": ("127.0.0.2/32",)}],
+    indirect=True,
+)
+async def test_a_directly_connected_client_cannot_spend_a_forwarded_victims_budget(
+    ingress: IngressService, client: httpx.AsyncClient, keys: Keys
+) -> None:
+    """An attacker connecting directly sends bad secrets for the victim's key id, naming
+    the victim's address in X-Forwarded-For (and others, and garbage). The header is
+    ignored: the failures are counted against the attacker's own address, which is
+    refused 429 after 20 whatever it forwards; the victim, reaching ingress through the
+    trusted proxy, still has its whole budget of failures and its right key works."""
+    kid = keys.pro.split("_")[0].removeprefix("sk-sw-")
+    bad = Keys.auth(f"sk-sw-{kid}_" + "x" * 43)
+    forged = ["198.51.100.66", "198.51.100.66, 127.0.0.2", "203.0.113.7", "garbage"]
+    codes = [
+        (
+            await client.post(
+                "/v1/chat/completions",
+                json=CHAT,
+                headers=bad | {"X-Forwarded-For": forged[i % len(forged)]},
+            )
+        ).status_code
+        for i in range(21)
+    ]
+    assert codes == [401] * 20 + [429]
+
+    proxy = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{ingress.port}", transport=proxy, timeout=30
+    ) as through_proxy:
+        victim = {"X-Forwarded-For": "198.51.100.66"}
+        served = await through_proxy.post(
+            "/v1/chat/completions",
+            json={**CHAT, "model": "no-such-model"},
+            headers=Keys.auth(keys.pro) | victim,
+        )
+        assert served.status_code == 404
+        assert served.json()["error"]["code"] == "model_not_found"
+        # The victim's own (address, key id) budget is whole: 20 failures, then 429 —
+        # counted by the forwarded address, as the trusted proxy vouches for it.
+        victim_codes = [
+            (
+                await through_proxy.post("/v1/chat/completions", json=CHAT, headers=bad | victim)
+            ).status_code
+            for _ in range(21)
+        ]
+        assert victim_codes == [401] * 20 + [429]

@@ -403,6 +403,79 @@ async def test_aborts_from_live_keys_mark_their_request_others_are_dead_lettered
     assert "other" in series
 
 
+def aborts_refused() -> float:
+    return sum(
+        s.value
+        for metric in REGISTRY.collect()
+        if metric.name == "seawall_ingress_aborts_refused"
+        for s in metric.samples
+        if s.name.endswith("_total")
+    )
+
+
+async def test_a_flood_of_aborts_from_one_key_sets_only_its_budget_of_markers(
+    ingress: IngressService,
+    keys: Keys,
+    settings: CommonSettings,
+    topics: Topics,
+    redis: aioredis.Redis,
+    dead_letters: DeadLetters,
+) -> None:
+    """One key sends 200 signed aborts: its budget's worth (5) set markers; the other
+    195 are refused — counted, a sample of 3 dead-lettered as ``too_many_aborts``, the
+    rest counted as sampled out — and consuming goes on. Another key's aborts are not
+    touched by that flood, nor by replays of one of its own aborts (anyone who can
+    write the topic can replay a record; only a first sighting spends the budget)."""
+    kafka = ingress.kafka
+    assert kafka is not None
+    # Wired from the settings; then a budget refilled once an hour, so that the test
+    # does not depend on this machine's speed.
+    assert (kafka.aborts.rate_per_s, kafka.aborts.burst) == (
+        ingress.settings.kafka_aborts_per_key_per_s,
+        ingress.settings.kafka_aborts_per_key_burst,
+    )
+    kafka.aborts = FailureLimiter(1 / 3600, 5)
+    kafka.anonymous = FailureLimiter(1 / 3600, 3)
+    refused_before, sampled_before = aborts_refused(), sampled_out()
+    now = time.time()
+
+    def abort(key: str, rid: str) -> Signed:
+        msg = AbortRequest(
+            request_id=rid, api_key_id=key_id(key), created_at=now, deadline_at=now + 30
+        )
+        return signed(msg, key)
+
+    flood = [abort(keys.pro, f"flood-{i}") for i in range(200)]
+    replayed = abort(keys.enterprise, "ent-0")
+    others = [replayed] * 6 + [abort(keys.enterprise, f"ent-{i}") for i in range(1, 5)]
+    await produce_signed(settings, topics.ingress, [*flood, *others])
+
+    await drain(
+        lambda: (
+            aborts_refused() - refused_before >= 195
+            and sampled_out() - sampled_before >= 192
+            and len(dead_letters.letters) >= 3 + 5
+        ),
+        dead_letters.poll,
+    )
+    marks = RedisKeys(settings.redis_prefix)
+    ent = [marks.abort("big-co", f"ent-{i}") for i in range(5)]
+    deadline = time.monotonic() + 30
+    while await redis.exists(*ent) < len(ent):
+        assert time.monotonic() < deadline, "the other key's aborts were not all applied"
+        await asyncio.sleep(0.05)
+    marked = await redis.exists(*(marks.abort("pro-co", f"flood-{i}") for i in range(200)))
+    assert marked == 5
+    await dead_letters.poll()
+    assert (
+        sorted(d.reason for d in dead_letters.letters) == ["replayed"] * 5 + ["too_many_aborts"] * 3
+    )
+    assert aborts_refused() - refused_before == 195
+    assert sampled_out() - sampled_before == 192
+    assert kafka.running
+    assert not ingress.failed.is_set()
+
+
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner),

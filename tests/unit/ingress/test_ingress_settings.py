@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,46 @@ def test_the_pepper_may_come_from_a_file(tmp_path: Path) -> None:
 def test_bad_settings_fail_at_start(changes: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         IngressSettings(**changes)  # type: ignore[arg-type]
+
+
+def test_trusted_proxies_are_cidrs_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEAWALL_TRUSTED_PROXIES", "10.0.0.0/8, 127.0.0.1/32,fd00::/8")
+    s = IngressSettings(dev_mode=True)
+    assert s.trusted_proxies == ("10.0.0.0/8", "127.0.0.1/32", "fd00::/8")
+    assert [str(n) for n in s.proxies.networks] == ["10.0.0.0/8", "127.0.0.1/32", "fd00::/8"]
+    assert ipaddress.ip_address("10.9.9.9") in s.proxies
+    assert ipaddress.ip_address("127.0.0.2") not in s.proxies
+    monkeypatch.setenv("SEAWALL_TRUSTED_PROXIES", "")
+    assert not IngressSettings(dev_mode=True).proxies  # empty: no proxy is trusted
+    monkeypatch.delenv("SEAWALL_TRUSTED_PROXIES")
+    assert not IngressSettings(dev_mode=True).proxies  # the default
+
+
+@pytest.mark.parametrize("old", ["0", "1", " 2 ", "10.0.0.0/8,1"])
+def test_a_count_of_proxies_is_refused_with_what_to_set(
+    monkeypatch: pytest.MonkeyPatch, old: str
+) -> None:
+    """The old form is refused, never reinterpreted as a network or as "trust none"."""
+    monkeypatch.setenv("SEAWALL_TRUSTED_PROXIES", old)
+    with pytest.raises(ValidationError, match=r"as CIDRs \(e\.g\. 10\.0\.0\.0/8"):
+        IngressSettings(dev_mode=True)
+
+
+@pytest.mark.parametrize("old", [0, 1])
+def test_a_count_of_proxies_is_refused_in_code_too(old: int) -> None:
+    with pytest.raises(ValidationError, match="no longer a count"):
+        IngressSettings(dev_mode=True, trusted_proxies=old)
+
+
+def test_a_bad_proxy_cidr_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEAWALL_TRUSTED_PROXIES", "10.0.0.0/8,10.0.0.0/33")
+    with pytest.raises(ValidationError, match=r"10\.0\.0\.0/33"):
+        IngressSettings(dev_mode=True)
+
+
+def test_abort_budget_defaults() -> None:
+    s = IngressSettings(dev_mode=True)
+    assert (s.kafka_aborts_per_key_per_s, s.kafka_aborts_per_key_burst) == (20.0, 200)
 
 
 def test_safe_name() -> None:
