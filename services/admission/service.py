@@ -214,7 +214,7 @@ class Admission(Component):
     # -- lifecycle -------------------------------------------------------------------
     async def on_start(self) -> None:
         s = self.settings
-        await ensure_topics(s.kafka_bootstrap, self.topics.specs(), s.topic_replication)
+        await ensure_topics(s.kafka, self.topics.specs())
         await self._producer.start()
         # Group joins take seconds on some brokers (Tansu delays the first JoinGroup):
         # join both groups at once.

@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from seawall_client.fetch_pacing import Dormancy
-from seawall_client.kafka import Consumer, new_consumer, new_producer
+from seawall_client.kafka import Consumer, KafkaConfig, new_admin, new_consumer, new_producer
 from seawall_client.topics import Topics
 from services.common.doorbell import Doorbell
 from services.common.offsets import OffsetTracker
@@ -159,12 +158,16 @@ async def send_batched(
     return cast(list[asyncio.Future[Any]], acks)  # every record's slot is set above
 
 
-async def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
-    """Return once the broker answers a metadata request; raise ``TimeoutError`` else."""
+async def wait_for_broker(broker: KafkaConfig | str, timeout_s: float = 30.0) -> None:
+    """Return once the broker answers a metadata request; raise ``TimeoutError`` else.
+    ``broker``: how to reach it (its TLS and SASL included), or a bare bootstrap
+    string for a plaintext one (the embedded broker)."""
+    config = KafkaConfig(bootstrap=broker) if isinstance(broker, str) else broker
+    bootstrap = config.bootstrap
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3_000)
+        admin = new_admin(config, request_timeout_ms=3_000)
         try:
             await admin.start()
             await admin.list_topics()

@@ -6,6 +6,11 @@ partition is forwarded to the app's internal topic ``<app id>-telemetry-by-pool`
 (``by_pool``), keyed by pool, where the ``decide`` agent reads it. The ``decisions``
 table (changelog-backed) holds the pools' and workers' records (``keys``); it is written
 from the timer as well as from the agents (``use_partitioner``).
+
+The app's Kafka clients (its worker consumer, its producer, and the producer's client
+that declares its topics) are faust's own, built from ``broker_credentials``: the same
+TLS context and SASL login as every other client of the process
+(``seawall_client.kafka.connection_options``).
 """
 
 from __future__ import annotations
@@ -15,22 +20,53 @@ from pathlib import Path
 
 import faust
 from faust.types import TableT, TopicT
+from faust.types.auth import CredentialsT
 
+from seawall_client.kafka import (
+    SASL_PROTOCOLS,
+    KafkaConfig,
+    StaticTokenProvider,
+    ssl_context,
+)
 from services.controller.keys import partition_by_pool
 from services.controller.settings import ControllerSettings
 from services.controller.transport import App
 
 
+def broker_credentials(config: KafkaConfig) -> CredentialsT | None:
+    """faust's form of ``config``'s security (``None``: plaintext). faust hands these
+    to aiokafka itself (``faust.transport.drivers.aiokafka.credentials_to_aiokafka_auth``):
+    ``SASLCredentials`` carries the mechanism (PLAIN and both SCRAMs among faust's
+    ``SASLMechanism``) and the login, with the TLS context for ``SASL_SSL`` and none for
+    ``SASL_PLAINTEXT`` (faust picks the protocol by whether a context is there)."""
+    context = ssl_context(config)
+    if config.security_protocol not in SASL_PROTOCOLS:
+        return None if context is None else faust.SSLCredentials(context)
+    if config.sasl_mechanism == "OAUTHBEARER":
+        assert config.sasl_oauth_token is not None  # KafkaConfig checked it
+        return faust.OAuthCredentials(
+            oauth_cb=StaticTokenProvider(config.sasl_oauth_token), ssl_context=context
+        )
+    return faust.SASLCredentials(
+        username=config.sasl_username,
+        password=config.sasl_password,
+        ssl_context=context,
+        mechanism=config.sasl_mechanism,
+    )
+
+
 def build_app(settings: ControllerSettings, datadir: Path) -> faust.App:
     """The faust app: at-least-once, in-memory tables restored from their changelogs,
-    no web server, no standby replicas (a new owner restores from the changelog), and
-    our fetch wait (see ``transport``)."""
+    no web server, no standby replicas (a new owner restores from the changelog), our
+    fetch wait (see ``transport``), and the process's TLS and SASL settings
+    (``broker_credentials``)."""
     session_s = settings.controller_session_timeout_s
     return App(
         settings.app_id,
         fetch_max_wait_ms=settings.controller_fetch_max_wait_ms
         or settings.consumer_fetch_max_wait_ms,
         broker=[f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")],
+        broker_credentials=broker_credentials(settings.kafka),
         store="memory://",
         processing_guarantee="at_least_once",
         topic_partitions=settings.topic_partitions,

@@ -229,7 +229,7 @@ class Worker(Component):
         specs = self.topics.specs()
         if self.settings.pool not in self.topics.pools:  # a canary's, or one not configured
             specs.append(self.topics.dispatch_spec(self.settings.pool))
-        await ensure_topics(self.settings.kafka_bootstrap, specs, self.settings.topic_replication)
+        await ensure_topics(self.settings.kafka, specs)
         await self._producer.start()
         await self._follower.start()
         await self._fetching.start()

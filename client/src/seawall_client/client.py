@@ -157,7 +157,7 @@ class SeawallClient:
         k = self._kafka
         spec = self._topics.reply_spec(self._owner)
         try:
-            await ensure_topics(k.bootstrap, [spec], k.topic_replication)
+            await ensure_topics(k, [spec])
             self._consumer = new_consumer(k)
             await start_tail(self._consumer, spec.name)
             self._producer = new_producer(k)

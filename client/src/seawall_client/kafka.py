@@ -1,5 +1,10 @@
-"""Kafka plumbing the client and the services share: how to reach the broker, the
-producer, topic creation, reading a topic from its end, and a bounded close.
+"""Kafka plumbing the client and the services share: how to reach the broker (its
+address, TLS and SASL), the producer, topic creation, reading a topic from its end, and
+a bounded close.
+
+Every Kafka client of the fleet is built from a ``KafkaConfig`` through
+``connection_options``, so TLS and SASL are set in one place and no client can be left
+on plaintext by a call that forgot them.
 
 Producers use ``acks=all``; idempotence follows ``KafkaConfig.idempotence`` (off on the
 embedded broker, which cannot give producer ids; request-id de-duplication covers the
@@ -14,15 +19,18 @@ import logging
 import os
 import re
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal, cast, get_args
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.helpers import create_ssl_context
 
 from seawall_client.fetch_pacing import Dormancy, FetchPacing
 from seawall_client.topics import TopicSpec
@@ -38,6 +46,17 @@ CLOSE_TIMEOUT_S: Final = 15.0
 _PREFIX = re.compile(r"^[A-Za-z0-9._-]{0,64}$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+"""Kafka's ``security.protocol``: whether the connection is encrypted (``SSL``) and
+whether the client authenticates over SASL."""
+SaslMechanism = Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "OAUTHBEARER"]
+"""What aiokafka can authenticate with, GSSAPI (Kerberos) aside. SCRAM first: the
+password never crosses the wire; PLAIN sends it, so it belongs on ``SASL_SSL`` only."""
+SECURITY_PROTOCOLS: Final[tuple[SecurityProtocol, ...]] = get_args(SecurityProtocol)
+SASL_MECHANISMS: Final[tuple[SaslMechanism, ...]] = get_args(SaslMechanism)
+TLS_PROTOCOLS: Final = frozenset({"SSL", "SASL_SSL"})
+SASL_PROTOCOLS: Final = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
 
 
 def default_instance_id() -> str:
@@ -65,6 +84,25 @@ class KafkaConfig:
     ``fetch_max_wait_ms``. ``seawall up`` sets it on the embedded broker."""
     instance_id: str = ""
     """Names this process to the broker (``seawall-<instance_id>``); empty: host-pid."""
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    """``PLAINTEXT`` (the embedded broker), ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``
+    (what a shared Apache Kafka cluster should ask for)."""
+    sasl_mechanism: SaslMechanism = "SCRAM-SHA-512"
+    """Used with the ``SASL_*`` protocols only."""
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    """Never in ``repr`` (nor, so, in a log line or a traceback that shows the config)."""
+    sasl_oauth_token: str | None = field(default=None, repr=False)
+    """``OAUTHBEARER``: a static bearer token, sent as it is at every connection; a
+    token that expires needs a provider of its own (``new_producer(config,
+    sasl_oauth_token_provider=...)``; aiokafka's ``AbstractTokenProvider``)."""
+    ssl_cafile: str | None = None
+    """The CA bundle (PEM) the broker's certificate must chain to; ``None``: the
+    system's trust store."""
+    ssl_certfile: str | None = None
+    """A client certificate (PEM), for a broker that authenticates clients by TLS."""
+    ssl_keyfile: str | None = None
+    """The client certificate's private key, if not in ``ssl_certfile``."""
 
     def __post_init__(self) -> None:
         if not _PREFIX.match(self.topic_prefix):
@@ -75,6 +113,60 @@ class KafkaConfig:
             raise ValueError("fetch_max_wait_ms must be within 1..10000")
         if self.fetch_busy_wait_ms is not None:
             FetchPacing(idle_ms=self.fetch_max_wait_ms, busy_ms=self.fetch_busy_wait_ms)
+        self._check_security()
+
+    def _check_security(self) -> None:
+        """Refuse settings that would not do what they say: SASL without what it needs,
+        or credentials and certificates set beside a protocol that would not use them
+        (a typo in the protocol must not quietly connect in the clear)."""
+        protocol, mechanism = self.security_protocol, self.sasl_mechanism
+        if protocol not in SECURITY_PROTOCOLS:
+            raise ValueError(f"security_protocol must be one of {', '.join(SECURITY_PROTOCOLS)}")
+        if mechanism not in SASL_MECHANISMS:
+            raise ValueError(f"sasl_mechanism must be one of {', '.join(SASL_MECHANISMS)}")
+        credentials = [
+            name
+            for name, value in (
+                ("sasl_username", self.sasl_username),
+                ("sasl_password", self.sasl_password),
+                ("sasl_oauth_token", self.sasl_oauth_token),
+            )
+            if value
+        ]
+        if protocol not in SASL_PROTOCOLS:
+            if credentials:
+                raise ValueError(
+                    f"{', '.join(credentials)} set, but security_protocol {protocol} sends no "
+                    "credentials: use SASL_SSL (or SASL_PLAINTEXT)"
+                )
+        elif mechanism == "OAUTHBEARER":
+            if not self.sasl_oauth_token:
+                raise ValueError(f"{protocol} with OAUTHBEARER needs sasl_oauth_token")
+            if self.sasl_username or self.sasl_password:
+                raise ValueError("OAUTHBEARER takes sasl_oauth_token, not a username/password")
+        else:
+            if not (self.sasl_username and self.sasl_password):
+                raise ValueError(
+                    f"{protocol} with {mechanism} needs sasl_username and sasl_password"
+                )
+            if self.sasl_oauth_token:
+                raise ValueError(f"sasl_oauth_token is for OAUTHBEARER, not {mechanism}")
+        files = [
+            name
+            for name, value in (
+                ("ssl_cafile", self.ssl_cafile),
+                ("ssl_certfile", self.ssl_certfile),
+                ("ssl_keyfile", self.ssl_keyfile),
+            )
+            if value
+        ]
+        if files and protocol not in TLS_PROTOCOLS:
+            raise ValueError(
+                f"{', '.join(files)} set, but security_protocol {protocol} uses no TLS: "
+                "use SSL or SASL_SSL"
+            )
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError("ssl_keyfile needs ssl_certfile (the certificate it belongs to)")
 
     @property
     def client_id(self) -> str:
@@ -84,12 +176,19 @@ class KafkaConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> KafkaConfig:
         """From ``SEAWALL_KAFKA_BOOTSTRAP``, ``SEAWALL_KAFKA_IDEMPOTENCE``,
         ``SEAWALL_TOPIC_PREFIX``, ``SEAWALL_TOPIC_REPLICATION``,
-        ``SEAWALL_CONSUMER_FETCH_MAX_WAIT_MS``, ``SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS`` and
-        ``SEAWALL_INSTANCE_ID`` (the names the
-        services read), in ``env`` (default: the environment over ``STACK_ENV_FILE``,
-        as the services read them); what is unset keeps its default."""
+        ``SEAWALL_CONSUMER_FETCH_MAX_WAIT_MS``, ``SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS``,
+        ``SEAWALL_INSTANCE_ID``, ``SEAWALL_KAFKA_SECURITY_PROTOCOL``,
+        ``SEAWALL_KAFKA_SASL_MECHANISM``, ``SEAWALL_KAFKA_SASL_USERNAME``,
+        ``SEAWALL_KAFKA_SASL_PASSWORD``, ``SEAWALL_KAFKA_SASL_OAUTH_TOKEN``,
+        ``SEAWALL_KAFKA_SSL_CAFILE``, ``SEAWALL_KAFKA_SSL_CERTFILE`` and
+        ``SEAWALL_KAFKA_SSL_KEYFILE`` (the names the services read), in ``env``
+        (default: the environment over ``STACK_ENV_FILE``, as the services read them);
+        what is unset or blank keeps its default; the protocol and mechanism may be in
+        either case."""
         e = {**_env_file(Path(STACK_ENV_FILE)), **os.environ} if env is None else env
         d = cls()
+        protocol = _optional_str(e.get("SEAWALL_KAFKA_SECURITY_PROTOCOL"))
+        mechanism = _optional_str(e.get("SEAWALL_KAFKA_SASL_MECHANISM"))
         return cls(
             bootstrap=e.get("SEAWALL_KAFKA_BOOTSTRAP", d.bootstrap),
             idempotence=_flag(e, "SEAWALL_KAFKA_IDEMPOTENCE", d.idempotence),
@@ -98,6 +197,19 @@ class KafkaConfig:
             fetch_max_wait_ms=int(e.get("SEAWALL_CONSUMER_FETCH_MAX_WAIT_MS", d.fetch_max_wait_ms)),
             fetch_busy_wait_ms=_optional_int(e.get("SEAWALL_CONSUMER_FETCH_BUSY_WAIT_MS")),
             instance_id=e.get("SEAWALL_INSTANCE_ID", d.instance_id),
+            # Checked against the allowed values in __post_init__.
+            security_protocol=cast(
+                SecurityProtocol, protocol.upper() if protocol else d.security_protocol
+            ),
+            sasl_mechanism=cast(
+                SaslMechanism, mechanism.upper() if mechanism else d.sasl_mechanism
+            ),
+            sasl_username=_optional_str(e.get("SEAWALL_KAFKA_SASL_USERNAME")),
+            sasl_password=_optional_str(e.get("SEAWALL_KAFKA_SASL_PASSWORD"), strip=False),
+            sasl_oauth_token=_optional_str(e.get("SEAWALL_KAFKA_SASL_OAUTH_TOKEN")),
+            ssl_cafile=_optional_str(e.get("SEAWALL_KAFKA_SSL_CAFILE")),
+            ssl_certfile=_optional_str(e.get("SEAWALL_KAFKA_SSL_CERTFILE")),
+            ssl_keyfile=_optional_str(e.get("SEAWALL_KAFKA_SSL_KEYFILE")),
         )
 
 
@@ -115,6 +227,14 @@ def _optional_int(raw: str | None) -> int | None:
     return None if raw is None or not raw.strip() else int(raw)
 
 
+def _optional_str(raw: str | None, *, strip: bool = True) -> str | None:
+    """``None`` for unset or blank; stripped unless ``strip`` is off (a password may
+    begin or end with a space)."""
+    if raw is None or not raw.strip():
+        return None
+    return raw.strip() if strip else raw
+
+
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = env.get(name)
     if raw is None:
@@ -124,6 +244,60 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw.strip().lower() in _FALSE:
         return False
     raise ValueError(f"{name} must be true or false, not {raw!r}")
+
+
+class StaticTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+    """An ``OAUTHBEARER`` token that does not change (``KafkaConfig.sasl_oauth_token``).
+    aiokafka asks for a token at every connection; a provider that fetches and renews
+    one is the caller's to pass where tokens expire."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def token(self) -> str:
+        return self._token
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(<hidden>)"
+
+
+def ssl_context(config: KafkaConfig) -> ssl.SSLContext | None:
+    """The TLS context of ``config``'s protocol (``None`` without TLS): aiokafka's
+    ``create_ssl_context``, which verifies the broker's certificate against
+    ``ssl_cafile`` (else the system's trust store) and checks that it names the host
+    connected to; with ``ssl_certfile``, it presents that client certificate. Verification
+    cannot be turned off here: a broker with a private CA is trusted by naming the CA."""
+    if config.security_protocol not in TLS_PROTOCOLS:
+        return None
+    context: ssl.SSLContext = create_ssl_context(
+        cafile=config.ssl_cafile, certfile=config.ssl_certfile, keyfile=config.ssl_keyfile
+    )
+    return context
+
+
+def connection_options(config: KafkaConfig) -> dict[str, Any]:
+    """aiokafka's keyword arguments for reaching the broker as ``config`` says: its
+    address, this process's client id, and the protocol with its TLS context and SASL
+    credentials. Every producer, consumer and admin client is built from these (the
+    controller's faust app from the same ``KafkaConfig``), so one setting secures them
+    all. The result holds the credentials: hand it to aiokafka, never to a log."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": config.bootstrap,
+        "client_id": config.client_id,
+        "security_protocol": config.security_protocol,
+    }
+    context = ssl_context(config)
+    if context is not None:
+        options["ssl_context"] = context
+    if config.security_protocol in SASL_PROTOCOLS:
+        options["sasl_mechanism"] = config.sasl_mechanism
+        if config.sasl_mechanism == "OAUTHBEARER":
+            assert config.sasl_oauth_token is not None  # KafkaConfig checked it
+            options["sasl_oauth_token_provider"] = StaticTokenProvider(config.sasl_oauth_token)
+        else:
+            options["sasl_plain_username"] = config.sasl_username
+            options["sasl_plain_password"] = config.sasl_password
+    return options
 
 
 class Producer(AIOKafkaProducer):  # type: ignore[misc]
@@ -182,8 +356,7 @@ what it holds, so a quiet producer allocates no more."""
 
 def new_producer(config: KafkaConfig, **overrides: Any) -> AIOKafkaProducer:
     options: dict[str, Any] = {
-        "bootstrap_servers": config.bootstrap,
-        "client_id": config.client_id,
+        **connection_options(config),
         "acks": "all",
         "enable_idempotence": config.idempotence,
         # No linger: a record goes out at once, and those queued while a request is
@@ -346,8 +519,7 @@ def new_consumer(
     ``fetch_max_wait_ms``, an override's included), or dormant between rings where a
     doorbell wakes it (``dormancy``)."""
     options: dict[str, Any] = {
-        "bootstrap_servers": config.bootstrap,
-        "client_id": config.client_id,
+        **connection_options(config),
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "fetch_max_wait_ms": config.fetch_max_wait_ms,
@@ -360,15 +532,28 @@ def new_consumer(
     return Consumer(*topics, pacing=pacing, dormancy=dormancy, **options)
 
 
+def new_admin(config: KafkaConfig, **overrides: Any) -> AIOKafkaAdminClient:
+    """An admin client (not started) reaching the broker as ``config`` says."""
+    options: dict[str, Any] = {**connection_options(config), "request_timeout_ms": 15_000}
+    options.update(overrides)
+    return AIOKafkaAdminClient(**options)
+
+
 async def ensure_topics(
-    bootstrap: str, specs: Iterable[TopicSpec], replication: int = 1
+    config: KafkaConfig | str, specs: Iterable[TopicSpec], replication: int | None = None
 ) -> list[str]:
     """Create the topics that do not exist yet, with their partitions, retention and
     ``replication`` (never left to a broker's auto-creation, which production Kafka
-    turns off and which would pick its own defaults). Services pass their
-    ``topic_replication``: whichever starts first creates the fleet's topics, so each
-    must ask for the same. Returns the names created."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    turns off and which would pick its own defaults); ``None``: the config's
+    ``topic_replication``, which services take from their settings: whichever starts
+    first creates the fleet's topics, so each must ask for the same. A bare bootstrap
+    string (benchmarks and tests on the embedded broker) connects in plaintext with
+    replication 1. Returns the names created."""
+    if isinstance(config, str):
+        config = KafkaConfig(bootstrap=config)
+    if replication is None:
+        replication = config.topic_replication
+    admin = new_admin(config)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
