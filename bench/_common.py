@@ -81,6 +81,22 @@ async def embedded_broker(workdir: Path) -> AsyncIterator[str]:
         broker.stop()
 
 
+_CONTROL_KEYS: Path | None = None
+
+
+def control_keys() -> Path:
+    """This run's control signing keys (``services.common.control_signing``), made once
+    per process in a temporary directory: the benchmarks sign and check control events
+    as a deployment does."""
+    global _CONTROL_KEYS
+    if _CONTROL_KEYS is None:
+        from services.common.control_signing import ensure_keys
+
+        _CONTROL_KEYS = Path(tempfile.mkdtemp(prefix="seawall-bench-keys-")) / "keys"
+        ensure_keys(_CONTROL_KEYS, "operator:bench")
+    return _CONTROL_KEYS
+
+
 def spawn_controller(
     settings: CommonSettings,
     tick_s: float,
@@ -104,6 +120,7 @@ def spawn_controller(
         SEAWALL_LOG_LEVEL="WARNING",
         SEAWALL_CONTROLLER_TICK_S=str(tick_s),
         SEAWALL_CONTROLLER_TIME_SCALE=str(time_scale),
+        SEAWALL_CONTROL_KEYS_DIR=str(settings.control_keys_dir or control_keys()),
     )
     child.update(env or {})
     with open(log, "ab") as out:

@@ -85,7 +85,15 @@ from queue import Empty
 from typing import Any
 
 import psutil
-from _common import HOT_TEMP_C, gpu_stats, ratio, spawn_controller, stop_controller, summary
+from _common import (
+    HOT_TEMP_C,
+    control_keys,
+    gpu_stats,
+    ratio,
+    spawn_controller,
+    stop_controller,
+    summary,
+)
 from _scaling_fleet import (
     SAMPLE_S,
     Load,
@@ -456,6 +464,7 @@ class Bench:
     def settings(self, prefix: str) -> CommonSettings:
         return CommonSettings(
             _env_file=None,
+            control_keys_dir=control_keys(),
             kafka_bootstrap=self.bootstrap,
             kafka_idempotence=False,
             topic_prefix=prefix,

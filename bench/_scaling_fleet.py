@@ -29,7 +29,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from typing import Any
 
-from _common import HEALTHY_TEMP_C, completed, engine_stats, gpu_stats, heartbeat
+from _common import HEALTHY_TEMP_C, completed, control_keys, engine_stats, gpu_stats, heartbeat
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
@@ -178,6 +178,7 @@ def generator_main(load: Load, go: Event, out: Queue[Any]) -> None:
 async def _generate(load: Load, go: Event, out: Queue[Any]) -> None:
     settings = CommonSettings(
         _env_file=None,
+        control_keys_dir=control_keys(),
         kafka_bootstrap=load.bootstrap,
         kafka_idempotence=False,
         instance_id="bench-generator",

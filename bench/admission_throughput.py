@@ -112,6 +112,7 @@ import redis.asyncio as aioredis
 from _common import (
     EMBEDDED_BROKER,
     commit,
+    control_keys,
     embedded_broker,
     fmt,
     machine,
@@ -233,6 +234,7 @@ def spawn_admission(settings: CommonSettings, log: Path) -> ChildProcess:
         "SEAWALL_TOPIC_PARTITIONS": str(settings.topic_partitions),
         "SEAWALL_POOLS": ",".join(POOLS),
         "SEAWALL_INSTANCE_ID": "bench-admission",
+        "SEAWALL_CONTROL_KEYS_DIR": str(settings.control_keys_dir or control_keys()),
         "SEAWALL_LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
         **{f"SEAWALL_QUOTA_{tier.value.upper()}": ROOMY for tier in Tier},
@@ -623,6 +625,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> Figures:
         tag = uuid.uuid4().hex[:8]
         settings = CommonSettings(
             _env_file=None,
+            control_keys_dir=control_keys(),
             kafka_bootstrap=bootstrap,
             kafka_idempotence=False,
             topic_prefix=f"bench{tag}.",

@@ -67,6 +67,7 @@ from _common import (
     HOT_TEMP_C,
     RESULTS,
     commit,
+    control_keys,
     embedded_broker,
     engine_stats,
     fmt,
@@ -458,6 +459,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> Samples:
         tag = uuid.uuid4().hex[:8]
         settings = CommonSettings(
             _env_file=None,
+            control_keys_dir=control_keys(),
             kafka_bootstrap=bootstrap,
             kafka_idempotence=False,
             topic_prefix=f"bench{tag}.",

@@ -11,6 +11,7 @@ also lists the alerts that resolved; ``--follow`` keeps printing until Ctrl-C.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from rich.console import Console
@@ -58,7 +59,11 @@ class AlertView:
         self.latest: dict[str, Alert] = {}
         self.invalid = 0
 
-    def feed(self, raw: bytes | None) -> str | None:
+    def feed(
+        self, raw: bytes | None, headers: Sequence[tuple[str, bytes]] | None = None
+    ) -> str | None:
+        """The markup to print for an alert record (``headers``: unused; alerts are
+        not signed)."""
         try:
             alert = decode(ALERT, raw)
         except DecodeError as e:

@@ -376,6 +376,25 @@ def export_schemas(
     raise typer.Exit(export_main(["--check"] if check else []))
 
 
+@app.command("control-keys")
+def control_keys(
+    keys_dir: Annotated[Path, typer.Argument(help="Where the keys go (made owner-only).")],
+    operator: Annotated[
+        str | None,
+        typer.Option(help="The operator key's name (default: this login)."),
+    ] = None,
+) -> None:
+    """Make the control topic's signing keys where missing: the controller's, the
+    workers' and an operator's, with trusted.pub (services.common.control_signing).
+    Mount trusted.pub in every service and each private key only where its role runs;
+    point SEAWALL_CONTROL_KEYS_DIR at the directory."""
+    from seawall.steer import operator as operator_principal
+    from services.common.control_signing import TRUSTED_FILE, ensure_keys
+
+    ensure_keys(keys_dir, operator_principal(operator))
+    typer.echo((keys_dir / TRUSTED_FILE).read_text(), nl=False)
+
+
 app.add_typer(keys_app, name="keys", help="Create, list, rotate and revoke API keys.")
 app.add_typer(quota_app, name="quota", help="Change a tenant's quota while the fleet runs.")
 app.add_typer(region_app, name="region", help="Throttle a client region while the fleet runs.")
@@ -389,7 +408,13 @@ app.command()(report)
 
 
 def main() -> None:
-    app()
+    from services.common.control_signing import ControlKeysMissing
+
+    try:
+        app()
+    except ControlKeysMissing as e:  # a command that reads or issues control events
+        typer.echo(str(e), err=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -41,15 +41,21 @@ def publish(
 
     from seawall import steer
     from seawall.events import describe
+    from services.common.control_signing import ControlKeysMissing
     from services.common.settings import CommonSettings
 
-    issuer = steer.operator()
+    settings = CommonSettings()
+    try:
+        issuer = steer.issuer_of(settings)
+    except (ControlKeysMissing, OSError, ValueError) as e:
+        typer.echo(f"no operator key to sign with: {e}", err=True)
+        raise typer.Exit(1) from None
     try:
         event = event_of(reason or f"{what} by {issuer}", issuer, time.time())
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     try:
-        asyncio.run(steer.publish(CommonSettings(), event))
+        asyncio.run(steer.publish(settings, event))
     except (OSError, TimeoutError, KafkaError) as e:
         typer.echo(f"could not publish to the control topic: {e}", err=True)
         raise typer.Exit(1) from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Protocol, get_args
 
@@ -36,6 +37,7 @@ from schemas import (
 )
 from seawall_client.serde import CONTROL, DecodeError, decode
 from services.common.bus import make_consumer, topics_of
+from services.common.control_signing import ControlKeysMissing, ControlVerifier, verifier_for
 from services.common.control_state import ControlState, in_force
 from services.common.settings import CommonSettings
 
@@ -143,26 +145,46 @@ def format_event(event: ControlEvent) -> str:
 class EventView:
     """The tail's state, without I/O: feed it records, print what it returns."""
 
-    def __init__(self, scope: str | None = None, kind: str | None = None) -> None:
-        """``kind``: one kind, or several separated by commas."""
+    def __init__(
+        self,
+        scope: str | None = None,
+        kind: str | None = None,
+        verifier: ControlVerifier | None = None,
+    ) -> None:
+        """``kind``: one kind, or several separated by commas; ``verifier``: what the
+        followers check signatures with (``None``: signatures off)."""
         self.scope = scope
+        self.verifier = verifier
         self.kinds = None if kind is None else frozenset(kind.split(","))
         self.state = ControlState(in_force_only=False)
         self.invalid = 0
+        self.refused = 0
 
     def matches(self, event: ControlEvent) -> bool:
         if self.kinds is not None and event.kind not in self.kinds:
             return False
         return self.scope is None or fnmatch.fnmatchcase(event.scope, self.scope)
 
-    def feed(self, raw: bytes | None) -> str | None:
-        """The markup to print for a record: a new decision that passes the filters;
-        ``None`` for re-publications, stale duplicates and filtered-out events."""
+    def feed(
+        self, raw: bytes | None, headers: Sequence[tuple[str, bytes]] | None = None
+    ) -> str | None:
+        """The markup to print for a record: a new decision that passes the filters, or
+        one the followers refuse (its signature); ``None`` for re-publications, stale
+        duplicates and filtered-out events."""
         try:
             event = decode(CONTROL, raw)
         except DecodeError as e:
             self.invalid += 1
             return f"[yellow]skipped a record that is not a control event ({escape(e.reason)})[/]"
+        refusal = None if self.verifier is None else self.verifier.check(raw or b"", headers, event)
+        if refusal is not None:
+            self.refused += 1
+            if not self.matches(event):
+                return None
+            return (
+                f"[red]refused {escape(event.control_key)} claiming issuer "
+                f"{escape(event.issuer)} ({refusal}): the followers ignore it[/]"
+            )
         current = self.state.get(type(event), event.scope)
         if not self.state.apply(event):
             return None
@@ -195,7 +217,9 @@ class EventView:
 
 
 class TopicView(Protocol):
-    def feed(self, raw: bytes | None) -> str | None: ...
+    def feed(
+        self, raw: bytes | None, headers: Sequence[tuple[str, bytes]] | None = None
+    ) -> str | None: ...
 
     def summary(self, now: float) -> Table: ...
 
@@ -228,7 +252,7 @@ async def tail(
             batches = await consumer.getmany(timeout_ms=500)
             for records in batches.values():
                 for record in records:
-                    line = view.feed(record.value)
+                    line = view.feed(record.value, record.headers)
                     if line is not None:
                         console.print(line, highlight=False)
             positions = [await consumer.position(tp) for tp in tps]
@@ -253,6 +277,11 @@ def run_events(
         return 2
     try:
         topic = topics_of(settings).control
-        return asyncio.run(tail(settings, topic, EventView(scope, kind), follow, console))
+        try:
+            view = EventView(scope, kind, verifier_for(settings))
+        except ControlKeysMissing as e:
+            console.print(f"[red]{escape(str(e))}[/]")
+            return 1
+        return asyncio.run(tail(settings, topic, view, follow, console))
     except KeyboardInterrupt:
         return 0

@@ -8,6 +8,10 @@ pepper must be ingress's, or its keys will not verify. Every change is audited o
 
 A new key is printed once — on standard output, alone on its line, or with ``--json``
 as a JSON object — and never again: only its hash is stored.
+
+Key records and tenant policies carry a MAC under the pepper (``keystore``); ingress
+refuses those without one. ``seawall keys sign`` signs the records an older version
+wrote, once, when upgrading (see ``sign``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,14 @@ from seawall_client.kafka import ensure_topics
 from seawall_client.topics import RedisKeys
 from services.common.bus import make_producer, topics_of
 from services.common.redisclient import make_redis
-from services.ingress.keystore import AuditLog, KeyNotFound, KeyStore, TenantPolicy
+from services.ingress.keystore import (
+    AuditLog,
+    KeyNotFound,
+    KeyRecordRefused,
+    KeyStore,
+    SignReport,
+    TenantPolicy,
+)
 from services.ingress.policy.keys import IssuedKey, KeyRecord, disabled_at, phase
 from services.ingress.settings import IngressSettings, safe_name
 
@@ -72,7 +83,7 @@ def _actor() -> str:
 async def open_keystore(settings: IngressSettings) -> AsyncIterator[KeyStore]:
     topics = topics_of(settings)
     audit_spec = next(spec for spec in topics.specs() if spec.name == topics.audit)
-    await ensure_topics(settings.kafka_bootstrap, [audit_spec], settings.topic_replication)
+    await ensure_topics(settings.kafka, [audit_spec])
     producer = make_producer(settings)
     await producer.start()
     redis = make_redis(settings)
@@ -95,6 +106,14 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     except (KafkaError, RedisError, OSError) as e:
         typer.echo(f"error: a server did not answer ({type(e).__name__}: {e})", err=True)
+        raise typer.Exit(1) from None
+    except KeyRecordRefused as e:
+        typer.echo(
+            f"error: the record of key {e.args[0]!r} fails its integrity check (no MAC: "
+            "written by an older version, run `seawall keys sign`; a wrong MAC: altered "
+            "in Redis, or written under another pepper)",
+            err=True,
+        )
         raise typer.Exit(1) from None
     except KeyNotFound as e:
         typer.echo(f"error: no key {e.args[0]!r}", err=True)
@@ -252,3 +271,71 @@ def rotate(
     if not as_json:
         typer.echo(f"key {old.key_id} stops working at {_when(disabled_at(old))}", err=True)
     _print_new_key(doc, as_json)
+
+
+@keys_app.command("sign")
+def sign(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only list what would be signed.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")] = False,
+) -> None:
+    """Sign the key records and tenant policies an older version wrote (once, when
+    upgrading): ingress refuses records without a MAC.
+
+    Only records with no MAC at all are signed, each only if unchanged since it was
+    read, each audited (``record_signed``). What a record holds when signed is trusted
+    from then on: review the list (``--dry-run`` first) against what you issued. Records
+    whose MAC is wrong were altered (or written under another pepper) and are never
+    signed: revoke such a key, or give such a tenant its tier again with ``create``.
+    Exits 1 when any record is left refused."""
+    settings = _settings()
+
+    async def go() -> SignReport:
+        async with open_keystore(settings) as store:
+            return await store.sign_unsigned(dry_run=dry_run)
+
+    report = _run(go())
+    left = report.altered + report.damaged + report.changed
+    if as_json:
+        doc = {
+            "dry_run": dry_run,
+            "keys": [
+                {"key_id": r.key_id, "tenant": r.tenant, "revoked_at": r.revoked_at}
+                for r in report.keys
+            ],
+            "policies": [
+                {"tenant": t, "tier": p.tier.value, "sensitive": p.sensitive}
+                for t, p in report.policies
+            ],
+            "altered": [{"record": kind, "name": name} for kind, name in report.altered],
+            "damaged": [{"record": kind, "name": name} for kind, name in report.damaged],
+            "changed": [{"record": kind, "name": name} for kind, name in report.changed],
+        }
+        typer.echo(json.dumps(doc))
+    else:
+        verb = "would sign" if dry_run else "signed"
+        for tenant, policy in report.policies:
+            typer.echo(
+                f"{verb} policy of tenant {tenant}: tier {policy.tier.value}, "
+                f"sensitive data: {policy.sensitive}"
+            )
+        for r in report.keys:
+            revoked = f", revoked {_when(r.revoked_at)}" if r.revoked_at is not None else ""
+            typer.echo(
+                f"{verb} key {r.key_id} of tenant {r.tenant} "
+                f"(created {_when(r.created_at)}{revoked})"
+            )
+        for kind, name in report.altered:
+            typer.echo(f"refused, wrong MAC (altered?): {kind} {name}", err=True)
+        for kind, name in report.damaged:
+            typer.echo(f"refused, damaged: {kind} {name}", err=True)
+        for kind, name in report.changed:
+            typer.echo(f"not signed, changed while read (run again): {kind} {name}", err=True)
+        typer.echo(
+            f"{len(report.keys)} key records and {len(report.policies)} policies {verb}; "
+            f"{len(left)} left refused",
+            err=True,
+        )
+    if left:
+        raise typer.Exit(1)

@@ -39,6 +39,7 @@ from seawall_client.kafka import ensure_topics
 from seawall_client.serde import CONTROL, DecodeError, decode, encode
 from seawall_client.topics import canary_pool
 from services.common.bus import make_consumer, make_producer, topics_of
+from services.common.control_signing import signed, signer_for, verifier_for
 from services.common.control_state import ControlState
 from services.common.settings import CommonSettings
 
@@ -208,6 +209,8 @@ async def read_control(settings: CommonSettings, timeout_s: float = 10.0) -> Con
     """The control topic's latest event per key, read from its start to its end now
     (expired ones kept: ``in_force_only=False``)."""
     state = ControlState(in_force_only=False)
+    verifier = verifier_for(settings)
+    """What the followers refuse is no decision: the views leave it out too."""
     topic = topics_of(settings).control
     consumer = make_consumer(settings, group_id=None)
     try:
@@ -218,9 +221,11 @@ async def read_control(settings: CommonSettings, timeout_s: float = 10.0) -> Con
             await consumer.seek_to_beginning(*tps)
             async for _, record in read_to_end(consumer, tps):
                 try:
-                    state.apply(decode(CONTROL, record.value))
+                    event = decode(CONTROL, record.value)
                 except DecodeError:
                     continue  # admission dead-letters it; nothing to steer by
+                if verifier is None or verifier.check(record.value, record.headers, event) is None:
+                    state.apply(event)
     finally:
         await consumer.stop()
     return state
@@ -268,17 +273,35 @@ async def create_canary_topic(settings: CommonSettings, pool: str, version: str)
     workers create it too; the broker's auto-creation is never relied on)."""
     topics = topics_of(settings)
     spec = topics.dispatch_spec(canary_pool(pool, version))
-    await ensure_topics(settings.kafka_bootstrap, [spec], settings.topic_replication)
+    await ensure_topics(settings.kafka, [spec])
+
+
+def issuer_of(settings: CommonSettings) -> str:
+    """Who this operator's events are issued by: the principal of the operator key
+    (``control_keys_dir``) where signatures are on, the login where they are off."""
+    signer = signer_for(settings, "operator")
+    return operator() if signer is None else signer.principal
 
 
 async def publish(settings: CommonSettings, event: ControlEvent, timeout_s: float = 10.0) -> None:
-    """Send the event to the control topic and wait for the broker's ack."""
+    """Sign the event with the operator's key (where signatures are on), send it to the
+    control topic and wait for the broker's ack. An event naming another issuer than
+    the key's principal is refused here: every follower would refuse it."""
+    signer = signer_for(settings, "operator")
+    if signer is not None and event.issuer != signer.principal:
+        raise ValueError(
+            f"this operator key signs as {signer.principal!r}; the event names {event.issuer!r}"
+        )
+    value = encode(event)
     producer = make_producer(settings)
     try:
         async with asyncio.timeout(timeout_s):
             await producer.start()
             await producer.send_and_wait(
-                topics_of(settings).control, encode(event), key=event.control_key.encode()
+                topics_of(settings).control,
+                value,
+                key=event.control_key.encode(),
+                headers=signed(signer, value),
             )
     finally:
         await producer.stop()

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from seawall import broker_fill, embedded
 from seawall.procs import ChildProcess
-from seawall_client.kafka import ensure_topics
+from seawall_client.kafka import KafkaConfig, ensure_topics
 from seawall_client.topics import Topics
 from services.common.bus import wait_for_broker
 from services.common.settings import CommonSettings
@@ -158,6 +158,7 @@ class Stack:
         self.bootstrap = ""
         self.redis_url = ""
         self._pepper_file: Path | None = None
+        self._control_keys: Path | None = None
         self.fill_alarm = broker_fill.FillAlarm()
         self._next_fill_check = 0.0
 
@@ -171,10 +172,11 @@ class Stack:
         # An external cluster's replication as its services will ask for it (whoever
         # starts first creates the topics); the embedded broker is one node.
         replication = int(os.environ.get("SEAWALL_TOPIC_REPLICATION", "1"))
-        created = asyncio.run(ensure_topics(self.bootstrap, topics.specs(), replication))
+        created = asyncio.run(ensure_topics(self.broker_config(), topics.specs(), replication))
         if created:
             self.console.print(f"created {len(created)} topics")
         self._pepper_file = self._ensure_pepper()
+        self._control_keys = self._ensure_control_keys()
         self._write_stack_env()
         for spec in o.services:
             if spec.listens is not None and embedded.port_in_use("127.0.0.1", spec.listens):
@@ -220,7 +222,7 @@ class Stack:
         o = self.options
         if o.kafka_bootstrap:
             self.bootstrap = o.kafka_bootstrap
-            asyncio.run(wait_for_broker(self.bootstrap, timeout_s=15))
+            asyncio.run(wait_for_broker(self.broker_config(), timeout_s=15))
             self.infra.append(Part("broker (external)", self.bootstrap))
             return
         proc = embedded.broker_process(o.broker_host, o.broker_port, self._log("broker"))
@@ -236,6 +238,15 @@ class Stack:
             asyncio.run(wait_for_broker(self.bootstrap, timeout_s=30))
         except TimeoutError as e:
             raise embedded.StackError(f"the embedded broker did not start:\n{proc.tail()}") from e
+
+    def broker_config(self) -> KafkaConfig:
+        """How this process reaches the broker: the embedded one in plaintext (it serves
+        neither TLS nor SASL logins: SECURITY.md); an external one as its services will,
+        with the ``SEAWALL_KAFKA_*`` security settings of this environment, which they
+        inherit."""
+        if self.options.kafka_bootstrap is None:
+            return KafkaConfig(bootstrap=self.bootstrap)
+        return KafkaConfig.from_env({**os.environ, "SEAWALL_KAFKA_BOOTSTRAP": self.bootstrap})
 
     def _start_redis(self) -> None:
         o = self.options
@@ -275,6 +286,22 @@ class Stack:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
             self.console.print(f"made a key pepper in {path}: keep it with the stack's Redis")
+        return path
+
+    def _ensure_control_keys(self) -> Path | None:
+        """The control topic's signing keys (``services.common.control_signing``) in
+        this state directory, made the first time: the controller's, the workers' and
+        one operator's (this login's); ``None`` when the environment brings its own or
+        turns signatures off."""
+        if os.environ.get("SEAWALL_CONTROL_KEYS_DIR") or (
+            os.environ.get("SEAWALL_CONTROL_SIGNATURES", "").strip().lower() == "off"
+        ):
+            return None
+        from seawall.steer import operator
+        from services.common.control_signing import ensure_keys
+
+        path = (self.options.state_dir / "control-keys").resolve()
+        ensure_keys(path, operator())
         return path
 
     @property
@@ -321,6 +348,8 @@ class Stack:
             )
         if self._pepper_file is not None:
             env["SEAWALL_KEY_PEPPER_FILE"] = str(self._pepper_file)
+        if self._control_keys is not None:
+            env["SEAWALL_CONTROL_KEYS_DIR"] = str(self._control_keys)
         # Every request's stages, for `seawall trace` and `seawall load` (blank: none).
         env["SEAWALL_TRACE_DIR"] = os.environ.get(
             "SEAWALL_TRACE_DIR", str((o.state_dir / "traces").resolve())

@@ -37,6 +37,7 @@ from services.common.lifecycle import Component
 from services.common.settings import CommonSettings
 from tests import builders
 from tests.fleet import in_background
+from tests.signing import headers_for
 
 EVIDENCE = Evidence(reason="test")
 
@@ -100,7 +101,8 @@ async def send_all(
     try:
         for i, msg in enumerate(messages):
             value = msg if msg is None or isinstance(msg, bytes) else encode(msg)
-            await producer.send_and_wait(topic, value, key=f"k{i}".encode())
+            headers = headers_for(settings, topic, value)
+            await producer.send_and_wait(topic, value, key=f"k{i}".encode(), headers=headers)
     finally:
         await producer.stop()
 

@@ -186,11 +186,24 @@ def private_redis(work: Path) -> Iterator[str]:
         proc.stop()
 
 
+@pytest.fixture(scope="session")
+def control_keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's control signing keys (``services.common.control_signing``): the
+    controller's, the workers' and the test operator's, all trusted."""
+    from services.common.control_signing import ensure_keys
+    from tests.signing import OPERATOR
+
+    keys = tmp_path_factory.mktemp("control-keys")
+    ensure_keys(keys, OPERATOR)
+    return keys
+
+
 @pytest.fixture
-def settings(broker: Broker, redis_url: str) -> CommonSettings:
+def settings(broker: Broker, redis_url: str, control_keys: Path) -> CommonSettings:
     """Settings for one test: its own topic prefix and Redis key prefix."""
     tag = uuid.uuid4().hex[:10]
     return CommonSettings(
+        control_keys_dir=control_keys,
         kafka_bootstrap=broker.bootstrap,
         kafka_idempotence=broker.idempotence,
         redis_url=redis_url,

@@ -38,6 +38,7 @@ from services.workers.engine.sim import SimulatedEngine
 from services.workers.gpu import SimulatedGpuProbe
 from services.workers.service import Worker
 from services.workers.settings import WorkerSettings
+from tests.signing import headers_for
 
 
 def dispatched(
@@ -77,7 +78,8 @@ async def produce(
     try:
         for i, msg in enumerate(messages):
             value = msg if isinstance(msg, bytes) else encode(msg)
-            await producer.send_and_wait(topic, value, key=f"k{i}".encode())
+            headers = headers_for(settings, topic, value)
+            await producer.send_and_wait(topic, value, key=f"k{i}".encode(), headers=headers)
     finally:
         await producer.stop()
 
@@ -210,6 +212,7 @@ def spawn_service(
         SEAWALL_REDIS_URL=settings.redis_url,
         SEAWALL_REDIS_PREFIX=settings.redis_prefix,
         SEAWALL_INSTANCE_ID=name,
+        SEAWALL_CONTROL_KEYS_DIR=str(settings.control_keys_dir or ""),
         **env,
     )
     with open(log, "ab") as out:

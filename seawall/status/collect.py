@@ -11,7 +11,6 @@ import asyncio
 import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from rich.console import Console
 from rich.markup import escape
@@ -19,8 +18,10 @@ from rich.markup import escape
 from seawall.reading import partitions, read_to_end, seek_since
 from seawall.status.fold import GROUP_STEM, STALE_AFTER_S, FleetStatus, StatusFold, lags
 from seawall.status.render import render
+from seawall_client.kafka import new_admin
 from seawall_client.topics import Topics
 from services.common.bus import make_consumer, topics_of
+from services.common.control_signing import ControlKeysMissing, ControlVerifier, verifier_for
 from services.common.settings import CommonSettings
 
 
@@ -29,7 +30,11 @@ class StatusError(Exception):
 
 
 async def _read_topics(
-    consumer: AIOKafkaConsumer, topics: Topics, fold: StatusFold, since: float
+    consumer: AIOKafkaConsumer,
+    topics: Topics,
+    fold: StatusFold,
+    since: float,
+    verifier: ControlVerifier | None = None,
 ) -> None:
     """Feed ``fold`` the whole control topic and the telemetry from ``since`` on, up to
     the end offsets of now (``seawall.reading``)."""
@@ -40,7 +45,7 @@ async def _read_topics(
     await seek_since(consumer, telemetry, int(since * 1000))
     async for tp, record in read_to_end(consumer, [*control, *telemetry]):
         if tp.topic == topics.control:
-            fold.feed_control(record.value)
+            fold.feed_control(record.value, record.headers, verifier)
         else:
             fold.feed_telemetry(record.value)
 
@@ -50,9 +55,7 @@ async def _committed(
 ) -> dict[str, dict[TopicPartition, int]]:
     """The fleet's consumer groups (``<prefix>seawall…``) and their committed offsets
     among ``partitions``."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.kafka_bootstrap, client_id=f"seawall-{settings.instance_id}"
-    )
+    admin = new_admin(settings.kafka)
     await admin.start()
     try:
         stem = f"{settings.topic_prefix}{GROUP_STEM}"
@@ -92,7 +95,11 @@ async def _collect(settings: CommonSettings, window_s: float, stale_after_s: flo
             for tp in partitions(consumer, topic)
         ]
         fold = StatusFold(stale_after_s)
-        await _read_topics(consumer, topics, fold, time.time() - window_s)
+        try:
+            verifier = verifier_for(settings)
+        except ControlKeysMissing as e:
+            raise StatusError(str(e)) from None
+        await _read_topics(consumer, topics, fold, time.time() - window_s, verifier)
         committed = await _committed(settings, ours)
         held = sorted({tp for offsets in committed.values() for tp in offsets})
         ends = await consumer.end_offsets(held) if held else {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
@@ -31,6 +31,7 @@ from schemas import (
 )
 from seawall.events import describe, expired
 from seawall_client.serde import CONTROL, TELEMETRY, DecodeError, decode
+from services.common.control_signing import ControlVerifier
 from services.common.control_state import ControlState
 from services.controller.settings import ControllerSettings
 
@@ -196,6 +197,9 @@ class FleetStatus:
     controller re-publishes the decisions in force every few seconds, so an age that
     keeps growing means it has fallen silent."""
     control_events: int
+    control_refused: int
+    """Control records the followers refuse (not signed by a key they trust, or not the
+    signer's to issue): left out of the state shown."""
     telemetry_events: int
     """Telemetry records read that fall in the window."""
     invalid_records: int
@@ -251,6 +255,7 @@ class StatusFold:
         self.control = ControlState(in_force_only=False)
         self.control_events = 0
         self.invalid = 0
+        self.refused = 0
         self._newest_issued: float | None = None
         self._seen: dict[str, tuple[float, str]] = {}
         """Per worker: the ``at`` and pool of its newest telemetry of any type."""
@@ -259,11 +264,21 @@ class StatusFold:
         self._gpus: dict[tuple[str, int], GpuStats] = {}
         self._telemetry_at: list[float] = []
 
-    def feed_control(self, raw: bytes | None) -> None:
+    def feed_control(
+        self,
+        raw: bytes | None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+        verifier: ControlVerifier | None = None,
+    ) -> None:
+        """One control record; with ``verifier``, one the followers refuse (its
+        signature) is left out, as they leave it out."""
         try:
             event = decode(CONTROL, raw)
         except DecodeError:
             self.invalid += 1
+            return
+        if verifier is not None and verifier.check(raw or b"", headers, event) is not None:
+            self.refused += 1
             return
         self.control_events += 1
         self.control.apply(event)
@@ -358,6 +373,7 @@ class StatusFold:
             lags=lag,
             control_age_s=None if self._newest_issued is None else now - self._newest_issued,
             control_events=self.control_events,
+            control_refused=self.refused,
             telemetry_events=sum(1 for at in self._telemetry_at if at >= since),
             invalid_records=self.invalid,
         )

@@ -145,6 +145,12 @@ def render(status: FleetStatus, console: Console) -> None:
         f"({status.control_events} events read)",
         highlight=False,
     )
+    if status.control_refused:
+        console.print(
+            f"[red]{status.control_refused} control records refused[/] (not signed by a "
+            "trusted key, or not their signer's to issue): the followers ignore them",
+            highlight=False,
+        )
     if status.invalid_records:
         console.print(f"[yellow]skipped {status.invalid_records} undecodable records[/]")
     tables = (

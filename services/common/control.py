@@ -11,6 +11,7 @@ the controller's (it has stopped), at info when an operator's (its time ran out)
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from aiokafka import TopicPartition
@@ -21,6 +22,7 @@ from seawall_client.kafka import close
 from seawall_client.serde import CONTROL, decode
 from services.common.bus import make_consumer
 from services.common.consuming import ConsumerLoop, Record
+from services.common.control_signing import verifier_for
 from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.lifecycle import Component
@@ -36,6 +38,15 @@ CONTROL_EXPIRED = Counter(
     "Control decisions dropped because valid_for_s passed without a re-publication",
     ["kind"],
 )
+CONTROL_REFUSED = Counter(
+    "seawall_control_refused_total",
+    "Control events not believed: unsigned, by an unknown signer, a bad signature, or "
+    "not the signer's to issue (services.common.control_signing)",
+    ["reason"],
+)
+REFUSAL_LOG_EVERY_S = 10.0
+"""A refused event is logged at most this often per reason (the counter has them all):
+a flood of forged records must not become a flood of log lines."""
 CONTROL_AGE = Gauge(
     "seawall_control_state_age_seconds", "Seconds since the last control event was read"
 )
@@ -68,7 +79,10 @@ class ControlFollower(Component):
     (checked after every fetch, at least every half second). A record that is not a
     control event is dead-lettered when ``dead_letters`` is given (one follower per
     fleet should: admission's), else counted and logged; either way the follower
-    carries on (``services.common.consuming``)."""
+    carries on (``services.common.consuming``). Where signatures are required (the
+    default), an event no trusted key signed, or that its signer may not issue, changes
+    nothing: it is counted (``seawall_control_refused_total``) and skipped, not
+    dead-lettered (a forged flood costs its sender more than it costs us)."""
 
     name = "control-follower"
 
@@ -89,8 +103,10 @@ class ControlFollower(Component):
         self._on_change = on_change
         self._on_expire = on_expire
         self._dead_letters = dead_letters
+        self._verifier = verifier_for(settings)
+        self._logged_refusal: dict[str, float] = {}
         self._consumer = make_consumer(settings, group_id=None)
-        self._loop: ConsumerLoop[ControlEvent] = ConsumerLoop(
+        self._loop: ConsumerLoop[ControlEvent | None] = ConsumerLoop(
             self._consumer,
             self,
             dead_letters,
@@ -129,10 +145,26 @@ class ControlFollower(Component):
             CONTROL_AGE.set(age)
 
     # -- the handler (services.common.consuming.Handler) ---------------------------
-    async def decide(self, record: Record) -> ControlEvent:
-        return decode(CONTROL, record.value)
+    async def decide(self, record: Record) -> ControlEvent | None:
+        event = decode(CONTROL, record.value)
+        if self._verifier is None:
+            return event
+        refusal = self._verifier.check(record.value, record.headers, event)
+        if refusal is None:
+            return event
+        CONTROL_REFUSED.labels(refusal).inc()
+        now = time.monotonic()
+        if now - self._logged_refusal.get(refusal, -REFUSAL_LOG_EVERY_S) >= REFUSAL_LOG_EVERY_S:
+            self._logged_refusal[refusal] = now
+            log.warning(
+                "a control event was refused; it changes nothing",
+                extra={"reason": refusal, "key": event.control_key, "issuer": event.issuer},
+            )
+        return None
 
-    async def effect(self, record: Record, decision: ControlEvent) -> None:
+    async def effect(self, record: Record, decision: ControlEvent | None) -> None:
+        if decision is None:
+            return
         changed = self.state.apply(decision)
         CONTROL_EVENTS.labels(decision.kind, "applied" if changed else "stale").inc()
         if changed and self._on_change is not None:

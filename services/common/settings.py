@@ -3,15 +3,18 @@ own fields. All come from the environment with the prefix ``SEAWALL_``."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from seawall_client.kafka import (
     DEFAULT_BROKER,
     STACK_ENV_FILE,
     KafkaConfig,
+    SaslMechanism,
+    SecurityProtocol,
     default_instance_id,
 )
 
@@ -20,7 +23,14 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="SEAWALL_", extra="ignore", frozen=True, env_file=STACK_ENV_FILE
+        env_prefix="SEAWALL_",
+        extra="ignore",
+        frozen=True,
+        env_file=STACK_ENV_FILE,
+        # A refused setting is named with pydantic's message, not echoed: a check of the
+        # whole model (``_consistent``) would otherwise print every input it was given,
+        # the Kafka password and the key pepper among them.
+        hide_input_in_errors=True,
     )
 
     kafka_bootstrap: str = DEFAULT_BROKER
@@ -28,6 +38,20 @@ class CommonSettings(BaseSettings):
     """On for Apache Kafka. The embedded broker (Tansu) fails ``InitProducerId``, so
     ``seawall up`` and the test harness turn it off there; request-id de-duplication
     covers the duplicates either way (DESIGN, Platform facts)."""
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    """How every Kafka client of this process (faust's included) reaches the broker:
+    ``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL`` (README, "Connecting to
+    Kafka"). The ``kafka_*`` security fields below are checked together by
+    ``KafkaConfig``: a process with settings that contradict each other does not start."""
+    kafka_sasl_mechanism: SaslMechanism = "SCRAM-SHA-512"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    """Shown as ``**********`` wherever the settings are printed or logged."""
+    kafka_sasl_oauth_token: SecretStr | None = None
+    """``OAUTHBEARER``: a static bearer token (``seawall_client.kafka.StaticTokenProvider``)."""
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._-]*$", max_length=64)
     topic_partitions: int = Field(default=3, ge=1, le=1024)
     topic_replication: int = Field(default=1, ge=1, le=16)
@@ -89,6 +113,15 @@ class CommonSettings(BaseSettings):
     trace_sample: float = Field(default=1.0, ge=0, le=1)
     """The share of requests traced, of those that arrive without a client's
     ``traceparent`` (which decides for its own request), where a sink is set."""
+    control_keys_dir: Path | None = None
+    """Where the control topic's keys are (``services.common.control_signing``): the
+    public keys followers trust (``trusted.pub``) and this process's private key, if it
+    signs (``<role>.key``). ``seawall up`` makes them in its state directory."""
+    control_signatures: Literal["required", "off"] = "required"
+    """``required``: a control event is believed only if a trusted key signed it, and a
+    process that follows or issues control events will not start without its keys.
+    ``off``: believe any event on the topic (a throwaway stack whose broker nobody else
+    can reach)."""
 
     @property
     def kafka(self) -> KafkaConfig:
@@ -101,6 +134,14 @@ class CommonSettings(BaseSettings):
             fetch_max_wait_ms=self.consumer_fetch_max_wait_ms,
             fetch_busy_wait_ms=self.consumer_fetch_busy_wait_ms,
             instance_id=self.instance_id,
+            security_protocol=self.kafka_security_protocol,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username,
+            sasl_password=_revealed(self.kafka_sasl_password),
+            sasl_oauth_token=_revealed(self.kafka_sasl_oauth_token),
+            ssl_cafile=self.kafka_ssl_cafile,
+            ssl_certfile=self.kafka_ssl_certfile,
+            ssl_keyfile=self.kafka_ssl_keyfile,
         )
 
     @model_validator(mode="after")
@@ -112,9 +153,28 @@ class CommonSettings(BaseSettings):
         busy = self.consumer_fetch_busy_wait_ms
         if busy is not None and busy > self.consumer_fetch_max_wait_ms:
             raise ValueError("consumer_fetch_busy_wait_ms must be at most the fetch wait")
+        self.kafka  # noqa: B018 - KafkaConfig checks the security settings together
         return self
 
-    @field_validator("consumer_fetch_busy_wait_ms", "trace_dir", mode="before")
+    @field_validator(
+        "kafka_sasl_username",
+        "kafka_sasl_password",
+        "kafka_sasl_oauth_token",
+        "kafka_ssl_cafile",
+        "kafka_ssl_certfile",
+        "kafka_ssl_keyfile",
+        mode="before",
+    )
+    @classmethod
+    def _blank_kafka_field_is_unset(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
+    @classmethod
+    def _upper(cls, v: object) -> object:
+        return v.strip().upper() if isinstance(v, str) else v
+
+    @field_validator("consumer_fetch_busy_wait_ms", "trace_dir", "control_keys_dir", mode="before")
     @classmethod
     def _blank_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v
@@ -123,3 +183,7 @@ class CommonSettings(BaseSettings):
     @classmethod
     def _split_pools(cls, v: object) -> object:
         return tuple(p.strip() for p in v.split(",") if p.strip()) if isinstance(v, str) else v
+
+
+def _revealed(secret: SecretStr | None) -> str | None:
+    return None if secret is None else secret.get_secret_value()

@@ -28,6 +28,7 @@ from seawall_client.kafka import close, start_tail
 from seawall_client.serde import ARRIVALS, decode, encode
 from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.consuming import ConsumerLoop, Record
+from services.common.control_signing import signed, signer_for
 from services.common.control_state import ControlState
 from services.common.deadletters import failure_of
 from services.common.lifecycle import Component
@@ -71,6 +72,7 @@ class RegionGuard(Component):
         self._clock = clock
         self._topics = topics_of(settings)
         self._producer = make_producer(settings)
+        self._signer = signer_for(settings, "controller")
         self._consumer = make_consumer(settings, group_id=None)
         self._tail: ConsumerLoop[None] = ConsumerLoop(
             self._consumer,
@@ -185,8 +187,15 @@ class RegionGuard(Component):
         return self._seq
 
     async def _send(self, events: list[RegionThrottle]) -> None:
-        sends = [
-            await self._producer.send(self._topics.control, encode(e), key=e.control_key.encode())
-            for e in events
-        ]
+        sends = []
+        for e in events:
+            value = encode(e)
+            sends.append(
+                await self._producer.send(
+                    self._topics.control,
+                    value,
+                    key=e.control_key.encode(),
+                    headers=signed(self._signer, value),
+                )
+            )
         await asyncio.gather(*sends)

@@ -53,6 +53,7 @@ from seawall_client.kafka import close, ensure_topics
 from seawall_client.serde import encode
 from services.common.bus import doorbell_for, make_producer, topics_of
 from services.common.control import ControlFollower
+from services.common.control_signing import signed, signer_for
 from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
 from services.common.lifecycle import Component, cancel_tasks
@@ -110,6 +111,7 @@ class Controller(Component):
         # a decision re-published while in force need not wake every follower.
         self._doorbell = doorbell_for(settings)
         self._producer = make_producer(settings, delivered=None)
+        self._signer = signer_for(settings, "controller")
         dead_letters = DeadLetters(self._producer, self.topics.deadletter, "controller", clock)
         self._datadir = Path(tempfile.gettempdir()) / f"seawall-controller-{uuid.uuid4().hex}"
         self.app = build_app(settings, self._datadir)
@@ -159,9 +161,7 @@ class Controller(Component):
 
     # -- lifecycle -------------------------------------------------------------
     async def on_start(self) -> None:
-        await ensure_topics(
-            self.settings.kafka_bootstrap, self.topics.specs(), self.settings.topic_replication
-        )
+        await ensure_topics(self.settings.kafka, self.topics.specs())
         await self._producer.start()
         # Co-partitioned with the internal topic only with as many partitions.
         telemetry_partitions = await self._producer.partitions_for(self.topics.telemetry)
@@ -216,12 +216,17 @@ class Controller(Component):
         raise RuntimeError("the region guard failed") from self.regions.failure
 
     async def _send(self, events: Sequence[ControlEvent]) -> None:
-        sends = [
-            await self._producer.send(
-                self.topics.control, encode(event), key=event.control_key.encode()
+        sends = []
+        for event in events:
+            value = encode(event)
+            sends.append(
+                await self._producer.send(
+                    self.topics.control,
+                    value,
+                    key=event.control_key.encode(),
+                    headers=signed(self._signer, value),
+                )
             )
-            for event in events
-        ]
         await asyncio.gather(*sends)
         if self._doorbell is not None and any(
             self.clock.time() - event.issued_at < FRESH_S for event in events

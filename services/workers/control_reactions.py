@@ -23,6 +23,7 @@ from seawall_client.clock import Clock
 from seawall_client.serde import encode
 from seawall_client.topics import Topics
 from services.common.consuming import retry_unavailable
+from services.common.control_signing import signed, signer_for
 from services.common.control_state import ControlState, isolates
 from services.common.failures import Backoff
 from services.workers.engine.base import Engine
@@ -56,6 +57,8 @@ class ControlReactions:
         self.engine = engine
         self.control = control
         self._producer = producer
+        self._signer = signer_for(settings, "worker")
+        """Signs this worker's answers to profiling requests (the workers' principal)."""
         self.topics = topics
         self._in_hand = in_hand
         self.incarnation = incarnation
@@ -112,9 +115,13 @@ class ControlReactions:
             self.profiles.running = False
 
     async def _answer(self, event: Profile) -> None:
+        value = encode(event)
         await retry_unavailable(
             lambda: self._producer.send_and_wait(
-                self.topics.control, encode(event), key=event.control_key.encode()
+                self.topics.control,
+                value,
+                key=event.control_key.encode(),
+                headers=signed(self._signer, value),
             ),
             Backoff(),
             "worker-profile",

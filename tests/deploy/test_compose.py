@@ -234,7 +234,7 @@ def test_the_gpu_profile_runs_a_vllm_worker_on_an_nvidia_gpu() -> None:
 
 def test_the_key_pepper_is_a_secret_from_a_file_git_ignores() -> None:
     compose = load()
-    assert compose["secrets"] == {"key_pepper": {"file": "./secrets/key_pepper"}}
+    assert compose["secrets"]["key_pepper"] == {"file": "./secrets/key_pepper"}
     ingress = compose["services"]["ingress"]
     assert ingress["secrets"] == ["key_pepper"]
     assert environment(ingress)["SEAWALL_KEY_PEPPER_FILE"] == "/run/secrets/key_pepper"
@@ -242,6 +242,23 @@ def test_the_key_pepper_is_a_secret_from_a_file_git_ignores() -> None:
     assert "compose/secrets/" in ignored
     # Nor does it go into the image: the build context is the repository.
     assert "compose/secrets" in (ROOT / ".dockerignore").read_text().split()
+
+
+def test_each_control_follower_gets_the_trusted_keys_and_only_its_own_private_key() -> None:
+    compose = load()
+    secrets = compose["secrets"]
+    assert all(v["file"].startswith("./secrets/") for v in secrets.values())
+    keys_dir = compose["x-seawall-env"]["SEAWALL_CONTROL_KEYS_DIR"]
+    own = {"admission": None, "controller": "controller"}
+    own |= {name: "worker" for name in compose["services"] if name.startswith("worker-")}
+    for name, role in own.items():
+        mounted = {s["target"]: s["source"] for s in compose["services"][name]["secrets"]}
+        expected = {f"{keys_dir}/trusted.pub": "control_trusted"}
+        if role is not None:
+            expected[f"{keys_dir}/{role}.key"] = f"control_{role}_key"
+        assert mounted == expected, name
+    # Ingress follows no control event, and holds no control key.
+    assert "control" not in str(compose["services"]["ingress"].get("secrets"))
 
 
 def test_no_secret_is_written_in_the_file() -> None:

@@ -258,6 +258,32 @@ def test_the_key_pepper_comes_from_a_secret_that_is_not_in_the_repository(overla
     assert f"--from-file={path.name}=" in (K8S / "base" / "kustomization.yaml").read_text()
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_control_follower_mounts_the_trusted_keys_and_only_its_own_private_key(
+    overlay: str,
+) -> None:
+    objects = render(overlay)
+    roles = {"admission": None, "controller": "controller"}
+    for d in seawall_deployments(objects):
+        name = d["metadata"]["name"]
+        if name.startswith("worker-"):
+            roles[name] = "worker"
+    assert {"worker-main", "worker-small"} <= set(roles)
+    for name, role in roles.items():
+        d = one(objects, "Deployment", name)
+        path = Path(env_of(d, objects)["SEAWALL_CONTROL_KEYS_DIR"])
+        (mount,) = [m for m in container(d)["volumeMounts"] if Path(m["mountPath"]) == path]
+        assert mount["readOnly"] is True
+        (volume,) = [
+            v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+        ]
+        assert volume["secret"]["secretName"] == "seawall-control-keys"
+        files = {item["path"] for item in volume["secret"]["items"]}
+        assert files == {"trusted.pub"} | ({f"{role}.key"} if role else set()), name
+    ingress = one(objects, "Deployment", "ingress")
+    assert "control" not in str(ingress["spec"]["template"]["spec"]["volumes"])
+
+
 def test_the_sim_overlay_runs_simulated_workers_beside_its_own_kafka_and_redis() -> None:
     objects = render("sim")
     for d in seawall_deployments(objects):

@@ -18,6 +18,7 @@ from seawall_client.serde import encode
 from seawall_client.topics import Topics
 from services.common.bus import make_consumer, make_producer
 from services.common.settings import CommonSettings
+from tests.signing import send_signed
 from tests.unit.test_status import batch_limit, breaker, degradation, engine_stats, gpu, heartbeat
 
 
@@ -93,7 +94,10 @@ async def test_status_reports_workers_decisions_and_lags(
     await producer.start()
     try:
         for event in control:
-            await producer.send_and_wait(topics.control, encode(event))
+            await send_signed(producer, settings, topics.control, event)
+        # A forgery (unsigned) opening the small pool's breaker: the followers ignore it,
+        # and so does the status.
+        await producer.send_and_wait(topics.control, encode(breaker(7, "pool:small", "open")))
     finally:
         await producer.stop()
     dispatch = topics.dispatch("main")
@@ -136,6 +140,7 @@ async def test_status_reports_workers_decisions_and_lags(
     assert [(d["scope"], d["level"]) for d in doc["degradations"]] == [("pool:main", 1)]
     assert [(b["worker_id"], b["limit"]) for b in doc["batch_limits"]] == [("w-main", 10)]
     assert doc["control_events"] == len(control)
+    assert doc["control_refused"] == 1
     assert 0 < doc["control_age_s"] < 60
 
     assert doc["groups"] == [group]

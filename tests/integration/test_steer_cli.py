@@ -26,6 +26,7 @@ def seawall(settings: CommonSettings, *args: str, env: dict[str, str] | None = N
         "SEAWALL_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "SEAWALL_KAFKA_IDEMPOTENCE": str(settings.kafka_idempotence).lower(),
         "SEAWALL_TOPIC_PREFIX": settings.topic_prefix,
+        "SEAWALL_CONTROL_KEYS_DIR": str(settings.control_keys_dir),
         "USER": "test-operator",
         **(env or {}),
     }

@@ -371,6 +371,7 @@ def spawn_controller(
         SEAWALL_TOPIC_PREFIX=settings.topic_prefix,
         SEAWALL_TOPIC_PARTITIONS=str(settings.topic_partitions),
         SEAWALL_METRICS_PORT=str(metrics_port),
+        SEAWALL_CONTROL_KEYS_DIR=str(settings.control_keys_dir or ""),
         SEAWALL_CONTROLLER_BATCH_SLA_MS="300",
         **{f"SEAWALL_{k.upper()}": str(v) for k, v in CONTROLLER.items()},
     )

@@ -18,6 +18,7 @@ from services.common.bus import make_producer
 from services.common.settings import CommonSettings
 from tests.fleet import in_background, until
 from tests.integration.controller.test_controller import alerts_on, control_log, controller
+from tests.signing import send_signed
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +55,7 @@ def pool_breaker(state: str) -> BreakerState:
         scope="pool:main",
         seq=int(time.time() * 1_000_000),
         issued_at=time.time(),
-        issuer="test",
+        issuer="controller",
         evidence=Evidence(reason="the test says so"),
         state=state,
         level=BreakerLevel.REJECT_NEW if state == "open" else BreakerLevel.NONE,
@@ -75,12 +76,12 @@ async def test_a_surging_region_is_throttled_while_the_fleet_is_hurt_then_lifted
         producer = make_producer(settings)
         await producer.start()
         try:
-            await producer.send_and_wait(topics.control, encode(pool_breaker("open")))
+            await send_signed(producer, settings, topics.control, pool_breaker("open"))
             rates["eu-west"] = 200
             await until(lambda: control.latest(key) is not None, 20)
             throttle = control.latest(key)
             rates["eu-west"] = 20  # the surge is over
-            await producer.send_and_wait(topics.control, encode(pool_breaker("closed")))
+            await send_signed(producer, settings, topics.control, pool_breaker("closed"))
         finally:
             await producer.stop()
         lifted = lambda: any(  # noqa: E731

@@ -168,3 +168,26 @@ def render(markup: object) -> str:
     out = io.StringIO()
     Console(file=out, width=400, color_system=None).print(markup)
     return out.getvalue()
+
+
+def test_a_forged_event_is_shown_as_refused_and_never_as_a_decision() -> None:
+    """With the followers' keys, ``seawall events`` shows what they would refuse as
+    refused, and keeps it out of the decisions in force."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from services.common.control_signing import ControlSigner, ControlVerifier
+
+    controller = ControlSigner("controller", Ed25519PrivateKey.generate())
+    verifier = ControlVerifier({"controller": controller.key.public_key()})
+    view = EventView(verifier=verifier)
+    forged = encode(breaker(1, "open"))
+    line = view.feed(forged, None)
+    assert line is not None
+    assert "refused" in line
+    assert "unsigned" in line
+    assert view.refused == 1
+    assert view.state.get(BreakerState, "worker:w1") is None
+    genuine = encode(breaker(2, "open"))
+    assert view.feed(genuine, controller.headers(genuine)) is not None
+    assert view.state.get(BreakerState, "worker:w1") is not None
+    assert view.refused == 1
