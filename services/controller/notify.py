@@ -6,8 +6,15 @@ webhook that hangs or an SMTP server that is down delays nothing but its own mes
 A full queue drops the newest (counted and logged; the alert records on ``llm.alerts``
 stay the truth). Each message is tried up to ``attempts`` times, each attempt bounded by
 ``timeout_s``, with exponential backoff between them (full jitter, from ``retry_base_s``
-doubling to at most 60 s); then it is given up (counted and logged). Secrets (the SMTP
-password) never reach a log.
+doubling to at most 60 s); then it is given up (counted and logged).
+
+Secrets: the webhook's URL (Slack's and most others carry their token in the path or
+the query) and the SMTP password are ``SecretStr``s from the settings to the one call
+that uses them, so no repr, log line, traceback or metric holds them. Logs name a
+webhook by its scheme, host and port only (``Webhook.target``) and a failure by its
+exception's type; a failed webhook raises ``NotificationFailed``, which carries neither
+the URL nor httpx's message (``raise_for_status`` puts the URL in it); and httpx's own
+request log line (INFO, with the full URL) shows the target instead (``_HideUrls``).
 
 Formats:
 
@@ -33,6 +40,7 @@ from typing import Literal, Protocol
 
 import httpx
 from prometheus_client import Counter
+from pydantic import SecretStr
 
 from services.common.failures import Backoff
 from services.common.lifecycle import cancel_tasks
@@ -99,24 +107,98 @@ class Sender(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def target(self) -> str:
+        """Where it sends, fit for a log line: no path, query or credentials."""
+        ...
+
     async def send(self, note: Notification) -> None: ...
 
     async def aclose(self) -> None: ...
 
 
+class NotificationFailed(RuntimeError):
+    """A webhook call failed; the message names the target and the failure's kind only."""
+
+
+def webhook_target(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``: what may be logged of a webhook."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return "<invalid url>"
+    port = f":{parsed.port}" if parsed.port is not None else ""
+    return f"{parsed.scheme}://{parsed.host}{port}"
+
+
+def _normalised(url: str) -> str:
+    try:
+        return str(httpx.URL(url))
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return url
+
+
+class _HideUrls(logging.Filter):
+    """On httpx's logger: each webhook URL in a record is replaced by its target.
+    httpx logs every request it sends, at INFO, with the full URL."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: dict[str, str] = {}
+        """URL → what is shown instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.secrets:
+            return True
+        record.msg = self._hide(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(self._hide(a) for a in record.args)
+        elif record.args:
+            record.args = {k: self._hide(v) for k, v in record.args.items()}
+        return True
+
+    def _hide(self, value: object) -> object:
+        """``value`` as it is, unless its text holds a secret (a ``%d`` argument must
+        stay a number): then that text with the secret replaced."""
+        text = str(value)
+        hidden = text
+        for secret, shown in self.secrets.items():
+            hidden = hidden.replace(secret, shown)
+        return value if hidden == text else hidden
+
+
+_HIDE_URLS = _HideUrls()
+logging.getLogger("httpx").addFilter(_HIDE_URLS)
+
+
 class Webhook:
-    def __init__(self, url: str, style: Literal["json", "slack"], timeout_s: float) -> None:
+    def __init__(
+        self, url: SecretStr | str, style: Literal["json", "slack"], timeout_s: float
+    ) -> None:
         self.name = f"webhook-{style}"
-        self._url = url
+        self._url = url if isinstance(url, SecretStr) else SecretStr(url)
+        raw = self._url.get_secret_value()
+        self.target = webhook_target(raw)
+        for form in {raw, _normalised(raw)}:  # as configured, and as httpx prints it
+            _HIDE_URLS.secrets[form] = self.target
         self._style = style
         self._client = httpx.AsyncClient(timeout=timeout_s)
 
+    def __repr__(self) -> str:
+        return f"Webhook({self.target!r}, {self._style!r})"
+
     async def send(self, note: Notification) -> None:
         body = as_slack(note) if self._style == "slack" else as_json(note)
-        response = await self._client.post(
-            self._url, content=json.dumps(body), headers={"content-type": "application/json"}
-        )
-        response.raise_for_status()
+        try:
+            response = await self._client.post(
+                self._url.get_secret_value(),
+                content=json.dumps(body),
+                headers={"content-type": "application/json"},
+            )
+        except httpx.HTTPError as e:  # its message and its request hold the URL
+            raise NotificationFailed(f"{self.target}: {type(e).__name__}") from None
+        if not response.is_success:
+            raise NotificationFailed(f"{self.target}: HTTP {response.status_code}")
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -130,12 +212,16 @@ class SmtpConfig:
     recipients: tuple[str, ...]
     starttls: bool = False
     user: str | None = None
-    password: str | None = None
+    password: SecretStr | str | None = None
+    """Kept as a ``SecretStr`` (a plain string given is wrapped): revealed only to
+    ``smtplib``'s login."""
     timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.user is not None and not self.starttls:
             raise ValueError("SMTP credentials are sent only over STARTTLS: set starttls")
+        if isinstance(self.password, str):
+            object.__setattr__(self, "password", SecretStr(self.password))
 
 
 class Email:
@@ -143,6 +229,7 @@ class Email:
 
     def __init__(self, config: SmtpConfig) -> None:
         self._config = config
+        self.target = f"smtp://{config.host}:{config.port}"
 
     async def send(self, note: Notification) -> None:
         message = as_email(note, self._config.sender, self._config.recipients)
@@ -160,7 +247,11 @@ class Email:
                 # login that follows would go to whoever answered.
                 smtp.starttls(context=ssl.create_default_context())
             if c.user is not None and c.password is not None:
-                smtp.login(c.user, c.password)
+                password = c.password
+                smtp.login(
+                    c.user,
+                    password.get_secret_value() if isinstance(password, SecretStr) else password,
+                )
             smtp.send_message(message)
 
     async def aclose(self) -> None:
@@ -192,7 +283,12 @@ class _Channel:
                     NOTIFICATIONS.labels(name, "failed").inc()
                     log.error(
                         "an alert notification was given up",
-                        extra={"notifier": name, "rule": note.rule, "error": type(e).__name__},
+                        extra={
+                            "notifier": name,
+                            "target": self.sender.target,
+                            "rule": note.rule,
+                            "error": type(e).__name__,
+                        },
                     )
                     return
                 NOTIFICATIONS.labels(name, "retried").inc()

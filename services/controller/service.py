@@ -47,6 +47,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from schemas import ControlEvent
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.kafka import close, ensure_topics
@@ -78,12 +80,10 @@ def notifiers_of(settings: ControllerSettings) -> Notifiers:
     """The notifiers the settings configure (none: alerts are only published)."""
     senders: list[Sender] = []
     s = settings
-    if s.alert_webhook_url:
-        senders.append(
-            Webhook(s.alert_webhook_url, s.alert_webhook_format, s.alert_notify_timeout_s)
-        )
+    if s.alert_webhook_url is not None and s.alert_webhook_url.get_secret_value().strip():
+        url = SecretStr(s.alert_webhook_url.get_secret_value().strip())
+        senders.append(Webhook(url, s.alert_webhook_format, s.alert_notify_timeout_s))
     if s.alert_smtp_host:
-        password = s.alert_smtp_password
         smtp = SmtpConfig(
             host=s.alert_smtp_host,
             port=s.alert_smtp_port,
@@ -91,7 +91,7 @@ def notifiers_of(settings: ControllerSettings) -> Notifiers:
             recipients=s.alert_email_recipients,
             starttls=s.alert_smtp_starttls,
             user=s.alert_smtp_user,
-            password=None if password is None else password.get_secret_value(),
+            password=s.alert_smtp_password,
             timeout_s=s.alert_notify_timeout_s,
         )
         senders.append(Email(smtp))

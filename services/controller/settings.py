@@ -10,6 +10,7 @@ window: it follows the workers' telemetry interval, so it has its own setting.
 from __future__ import annotations
 
 from typing import Literal, Self
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, model_validator
 
@@ -96,8 +97,10 @@ class ControllerSettings(CommonSettings):
     """A firing alert is notified again after this long, and a flapping one not sooner."""
     alert_republish_s: float = Field(default=30.0, gt=0, le=3600)
     alert_valid_for_s: float = Field(default=120.0, gt=0, le=86_400)
-    alert_webhook_url: str | None = None
-    """Where notifications are POSTed (none: no webhook)."""
+    alert_webhook_url: SecretStr | None = None
+    """Where notifications are POSTed (none: no webhook). A secret: Slack's URL, and
+    most others', carries the token that lets anyone post; it is never logged, shown
+    or echoed in an error (logs name its scheme, host and port: ``notify.Webhook``)."""
     alert_webhook_format: Literal["json", "slack"] = "json"
     alert_smtp_host: str | None = None
     """The SMTP server for e-mail notifications (none: no e-mail)."""
@@ -105,6 +108,7 @@ class ControllerSettings(CommonSettings):
     alert_smtp_starttls: bool = False
     alert_smtp_user: str | None = None
     alert_smtp_password: SecretStr | None = None
+    """Never logged or shown; sent only over STARTTLS (``alert_smtp_starttls``)."""
     alert_email_from: str = "seawall@localhost"
     alert_email_to: str = ""
     """Comma-separated recipients."""
@@ -117,6 +121,12 @@ class ControllerSettings(CommonSettings):
     def _consistent_policy(self) -> Self:
         self.decider_config()  # raises ValueError, e.g. if decisions would expire between
         self.alert_config()  # two re-publications
+        url = self.alert_webhook_url
+        if url is not None and url.get_secret_value().strip():
+            parsed = urlsplit(url.get_secret_value().strip())
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                # The URL is not repeated: it holds the webhook's token.
+                raise ValueError("SEAWALL_ALERT_WEBHOOK_URL must be an http(s) URL with a host")
         if self.alert_smtp_host and not self.alert_email_recipients:
             raise ValueError("SEAWALL_ALERT_SMTP_HOST needs SEAWALL_ALERT_EMAIL_TO")
         if self.alert_smtp_user and not self.alert_smtp_starttls:

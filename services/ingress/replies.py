@@ -10,17 +10,24 @@ of registering are described there; the client SDK reads its own topic the same 
   logged and counted; either way the router carries on (``services.common.consuming``).
 - When the router stops or its consumer fails, every open stream raises
   ``ReplyRouterClosed`` instead of leaving its reader waiting for ever.
+- Given the instance's ``producer``, the router keeps its topic alive with a heartbeat
+  record every ``heartbeat_s`` and deletes it when it stops, unless a reply may still
+  come to it (``seawall_client.reply_upkeep``); heartbeats are skipped unread. What a
+  killed instance leaves behind is swept (``reply_sweeper``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter as Tally
 
+from aiokafka import AIOKafkaProducer
 from prometheus_client import Counter
 
 from seawall_client.clock import SYSTEM_CLOCK, Clock
-from seawall_client.kafka import close, ensure_topics, start_tail
+from seawall_client.kafka import DELETE_TIMEOUT_S, close, ensure_topics, start_tail
+from seawall_client.reply_upkeep import HEARTBEAT_S, beat, delete_own, is_heartbeat, keep_alive
 from seawall_client.serde import REPLY, decode
 from seawall_client.streams import ReplyRouterClosed, ReplyRoutes, ReplyStream
 from services.common.bus import make_consumer, topics_of
@@ -40,7 +47,9 @@ RECORDS = Counter(
 
 
 class ReplyRouter(Component):
-    """Reads ``owner``'s reply topic (created at start) and feeds registered streams."""
+    """Reads ``owner``'s reply topic (created at start) and feeds registered streams;
+    with a ``producer``, keeps the topic alive and deletes it at stop (module notes):
+    ``reply_due_s`` is how long a request given up on may still be answered."""
 
     name = "reply-router"
 
@@ -52,8 +61,17 @@ class ReplyRouter(Component):
         dead_letters: DeadLetters | None = None,
         clock: Clock = SYSTEM_CLOCK,
         remember: int = 10_000,
+        producer: AIOKafkaProducer | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+        reply_due_s: float = 180.0,
+        delete_timeout_s: float = DELETE_TIMEOUT_S,
     ) -> None:
         super().__init__()
+        self._producer = producer
+        self._heartbeat_s = heartbeat_s
+        self._reply_due_s = reply_due_s
+        self._delete_timeout_s = delete_timeout_s
+        self._keeper: asyncio.Task[None] | None = None
         self._routes = ReplyRoutes(clock, remember)
         self._produced: dict[str, list[int]] = {}
         self._settings = settings
@@ -109,6 +127,11 @@ class ReplyRouter(Component):
         await start_tail(self._consumer, self.topic)
         await self._loop.start()
         self.spawn(self._watch(), "watch")
+        if self._producer is not None:
+            await beat(self._producer, self.topic)
+            self._keeper = self.spawn(
+                keep_alive(self._producer, self.topic, self._heartbeat_s), "heartbeat"
+            )
 
     async def _watch(self) -> None:
         await self._loop.failed.wait()
@@ -116,12 +139,27 @@ class ReplyRouter(Component):
         raise RuntimeError("the reply router's loop failed") from self._loop.failure
 
     async def on_stop(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
         await self._loop.stop()
+        settled = self._routes.settled(self._reply_due_s)
         self._routes.close_all("the reply router stopped")
         await close(self._consumer)
+        if self._producer is None:
+            return
+        if settled:
+            await delete_own(self._settings.kafka, self.topic, self._delete_timeout_s)
+        else:
+            log.info(
+                "reply topic kept: a reply may still come; the sweeper deletes it",
+                extra={"topic": self.topic},
+            )
 
     # -- the handler (services.common.consuming.Handler) ---------------------------
     async def decide(self, record: Record) -> None:
+        if is_heartbeat(record.headers):
+            RECORDS.labels("heartbeat").inc()
+            return
         item = decode(REPLY, record.value)
         outcome = self._routes.route(item)
         RECORDS.labels(outcome).inc()

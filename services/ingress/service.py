@@ -2,15 +2,15 @@
 the reply router, sharing one producer, one Redis client and one pipeline.
 
 Start: topics, producer, reply router (its topic ``llm.reply.ingress-<instance id>`` is
-created then: give each instance a stable ``SEAWALL_INSTANCE_ID`` in production, or each
-restart leaves a topic behind), the quota hint feed (admission's "over quota until T",
-refused here without a hop), Kafka ingress, then the HTTP listener, last, so that
-nothing is accepted before it can be answered.
+created then, kept alive by a heartbeat and deleted at stop; one a killed instance left
+behind is swept), the reply-topic sweeper (``reply_sweeper``), the quota hint feed
+(admission's "over quota until T", refused here without a hop), Kafka ingress, then the
+HTTP listener, last, so that nothing is accepted before it can be answered.
 
 Stop (SIGTERM): the listener first — uvicorn stops accepting and lets in-flight
 requests finish within the grace period while the router still delivers their
-replies — then the Kafka ingress (finishes and commits its batch), the router, the
-producer, Redis.
+replies — then the Kafka ingress (finishes and commits its batch), the sweeper, the
+router (which deletes its topic), the producer, Redis.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from services.ingress.kafka_ingress import KafkaIngress
 from services.ingress.keystore import AuditLog, KeyStore
 from services.ingress.pipeline import IngressPipeline
 from services.ingress.replies import ReplyRouter
+from services.ingress.reply_sweeper import ReplyTopicSweeper
 from services.ingress.settings import IngressSettings, safe_name
 from services.ingress.websocket import WebSocketSessions
 
@@ -70,7 +71,31 @@ class IngressService(Component):
             self._producer, self.topics.deadletter, f"ingress:{instance}", clock
         )
         self.router = ReplyRouter(
-            settings, f"ingress-{instance}", dead_letters=dead_letters, clock=clock
+            settings,
+            f"ingress-{instance}",
+            dead_letters=dead_letters,
+            clock=clock,
+            producer=self._producer,
+            heartbeat_s=settings.reply_heartbeat_s,
+            reply_due_s=settings.default_deadline_s + settings.reply_margin_s,
+            delete_timeout_s=settings.reply_delete_timeout_s,
+        )
+        self.sweeper = (
+            ReplyTopicSweeper(
+                settings.kafka,
+                self.topics,
+                RedisKeys(settings.redis_prefix),
+                self._redis,
+                holder=instance,
+                every_s=settings.reply_sweep_s,
+                idle_s=settings.reply_idle_s,
+                max_deletions=settings.reply_sweep_max_deletions,
+                keep=(self.router.topic,),
+                delete_timeout_s=settings.reply_delete_timeout_s,
+                clock=clock,
+            )
+            if settings.reply_sweep
+            else None
         )
         actor = f"ingress:{instance}"
         self.keystore = KeyStore(
@@ -132,6 +157,8 @@ class IngressService(Component):
         await self.denials.start()
         await self.router.start()
         self.spawn(self._watch(self.router), "watch:router")
+        if self.sweeper is not None:
+            await self.sweeper.start()  # not watched: ingress serves without it
         await self.hint_feed.start()
         self.spawn(self._watch(self.hint_feed), "watch:hints")
         await self.arrivals.start()
@@ -192,6 +219,8 @@ class IngressService(Component):
                 await self.kafka.stop()
             await self.arrivals.stop()
             await self.hint_feed.stop()
+            if self.sweeper is not None:
+                await self.sweeper.stop()
             await self.router.stop()
             await self.denials.stop()
         finally:

@@ -96,6 +96,27 @@ class IngressSettings(CommonSettings):
     reply_margin_s: float = Field(default=2.0, ge=0, le=60)
     """How long past the deadline HTTP waits for the fleet's own ``expired`` reply
     before answering 504 itself."""
+    # -- reply topics (``seawall_client.reply_upkeep``, ``reply_sweeper``) --------------
+    reply_heartbeat_s: float = Field(default=300.0, gt=0, le=86_400)
+    """This instance writes a heartbeat to its own reply topic this often (the SDK's
+    clients by default as often): the sweeper takes a topic nothing was written to for
+    ``reply_idle_s`` for one whose owner is gone."""
+    reply_delete_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    """How long deleting this instance's reply topic at stop may take (past it the
+    topic is left to the sweeper)."""
+    reply_sweep: bool = True
+    """Sweep reply topics left behind by owners that were killed (off: none is deleted
+    but by its own owner)."""
+    reply_sweep_s: float = Field(default=300.0, gt=0, le=86_400)
+    """How often the sweep runs (one ingress replica sweeps per round: a Redis lease)."""
+    reply_idle_s: float = Field(default=3 * 3600.0, gt=0, le=30 * 86_400)
+    """A reply topic whose end offset has not moved for this long — no reply, no
+    heartbeat — is deleted. At least three heartbeats (``reply_heartbeat_s``, and the
+    SDK's ``heartbeat_s``, five minutes by default) must fit in it."""
+    reply_sweep_max_deletions: int = Field(default=100, ge=1, le=10_000)
+    """Reply topics deleted in one sweep, at most (the oldest idle first): a sweep after
+    a long outage, or a flood of abandoned topics, goes at a pace the broker takes."""
+
     # -- WebSocket sessions (``/v1/ws``, ``services.ingress.websocket``) -----------------
     ws_ping_s: float = Field(default=30.0, gt=0, le=3600)
     """Protocol pings this often (a client that does not answer within as long is gone)."""
@@ -236,6 +257,15 @@ class IngressSettings(CommonSettings):
         if len(pepper) < 16 and not self.dev_mode:
             raise ValueError("the key pepper is shorter than 16 characters")
         self._pepper = pepper.encode()
+        return self
+
+    @model_validator(mode="after")
+    def _reply_idle_outlasts_heartbeats(self) -> Self:
+        if self.reply_idle_s < 3 * self.reply_heartbeat_s:
+            raise ValueError(
+                "reply_idle_s must be at least three reply_heartbeat_s: a live owner's "
+                "topic would be swept after a missed heartbeat or two"
+            )
         return self
 
     @model_validator(mode="after")

@@ -9,7 +9,13 @@ reply topic.
 - **Reply topic**: one per client instance, ``llm.reply.<key id>.<owner>``, created on
   start with one partition and one hour's retention (``Topics.reply_spec``); ingress
   sends replies only to reply topics of the key that signed the request. The client
-  reads it from its end, so start the client before sending.
+  reads it from its end, so start the client before sending. While it runs, the client
+  writes a heartbeat record to it every ``heartbeat_s``; ``stop`` (or leaving the
+  ``async with`` block) deletes it, within ``delete_timeout_s``, unless a reply may
+  still be on its way (a call was given up on within its deadline): a topic left
+  behind — that one, or a killed client's — is deleted by ingress once nothing was
+  written to it for hours (``seawall_client.reply_upkeep``). ``owner`` must be unique
+  among the clients running at once: closing one deletes the topic under the others.
 - **Identity**: every record is signed with the API key (``seawall_client.signing``:
   an HMAC in the record's headers; the key itself never travels) and names the key by
   its id; ingress takes the tenant, tier and priority from the key's record.
@@ -56,6 +62,7 @@ from schemas.base import MAX_REQUEST_BYTES
 from seawall_client import signing, tracecontext
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.kafka import (
+    DELETE_TIMEOUT_S,
     KafkaConfig,
     close,
     ensure_topics,
@@ -63,6 +70,7 @@ from seawall_client.kafka import (
     new_producer,
     start_tail,
 )
+from seawall_client.reply_upkeep import HEARTBEAT_S, beat, delete_own, is_heartbeat, keep_alive
 from seawall_client.retry import RetryBudget, RetryPolicy, attempt_id, retry_after_s, retryable
 from seawall_client.serde import REPLY, DecodeError, decode, encode
 from seawall_client.streams import ReplyItem, ReplyRouterClosed, ReplyRoutes
@@ -113,7 +121,12 @@ class SeawallClient:
         max_request_bytes: int = MAX_REQUEST_BYTES,
         rng: random.Random | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        heartbeat_s: float = HEARTBEAT_S,
+        delete_reply_topic: bool = True,
+        delete_timeout_s: float = DELETE_TIMEOUT_S,
     ) -> None:
+        if heartbeat_s <= 0 or delete_timeout_s <= 0:
+            raise ValueError("heartbeat_s and delete_timeout_s must be positive")
         self._kafka = kafka or KafkaConfig.from_env()
         self._topics = Topics(self._kafka.topic_prefix)
         key_id = signing.key_id_of(api_key)
@@ -134,6 +147,15 @@ class SeawallClient:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._heartbeat_s = heartbeat_s
+        self._delete_reply_topic = delete_reply_topic
+        self._delete_timeout_s = delete_timeout_s
+        self._topic_made = False
+        """The reply topic was created (or found) by ``start``: ``stop`` deletes it."""
+        self._longest_wait_s = timeout_s + reply_margin_s
+        """The longest a call of this client waited (its timeout and the margin): how
+        long after a call given up on its reply may still come."""
 
     @property
     def reply_topic(self) -> str:
@@ -151,30 +173,40 @@ class SeawallClient:
         return self._stats
 
     async def start(self) -> None:
-        """Create the reply topic, read it from its end, open the producer. Idempotent."""
+        """Create the reply topic, read it from its end, open the producer, write the
+        first heartbeat. Idempotent."""
         if self._reader is not None:
             return
         k = self._kafka
         spec = self._topics.reply_spec(self._owner)
         try:
             await ensure_topics(k, [spec])
+            self._topic_made = True
             self._consumer = new_consumer(k)
             await start_tail(self._consumer, spec.name)
             self._producer = new_producer(k)
             await self._producer.start()
+            await beat(self._producer, spec.name)
         except BaseException:
             await self.stop()
             raise
         self._reader = asyncio.create_task(self._read(self._consumer), name="seawall-replies")
+        self._keeper = asyncio.create_task(
+            keep_alive(self._producer, spec.name, self._heartbeat_s), name="seawall-heartbeat"
+        )
 
     async def stop(self) -> None:
         """Stop reading (open calls raise ``ReplyRouterClosed``), flush what is queued
-        (aborts included) and close. Idempotent."""
+        (aborts included), close, and delete the reply topic unless a reply may still
+        come (module notes). Idempotent."""
+        settled = self._routes.settled(self._longest_wait_s)
         reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+        keeper, self._keeper = self._keeper, None
+        for task in (keeper, reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         self._routes.close_all("the client stopped")
         consumer, self._consumer = self._consumer, None
         producer, self._producer = self._producer, None
@@ -182,6 +214,15 @@ class SeawallClient:
             await close(consumer)
         if producer is not None:
             await close(producer)
+        made, self._topic_made = self._topic_made, False
+        if made and self._delete_reply_topic:
+            if settled:
+                await delete_own(self._kafka, self.reply_topic, self._delete_timeout_s)
+            else:
+                log.info(
+                    "reply topic kept: a reply may still come; the sweeper deletes it",
+                    extra={"topic": self.reply_topic},
+                )
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -211,7 +252,8 @@ class SeawallClient:
                 backoff_s = 0.1
                 for records in batches.values():
                     for record in records:
-                        self._route(record.value, record.offset)
+                        if not is_heartbeat(record.headers):
+                            self._route(record.value, record.offset)
         except Exception:
             log.exception("the reply reader failed")
             self._routes.close_all("the client's reply reader failed")
@@ -273,6 +315,7 @@ class SeawallClient:
             raise ReplyRouterClosed("the client is not started")
         loop = asyncio.get_running_loop()
         timeout = self._timeout_s if timeout_s is None else timeout_s
+        self._longest_wait_s = max(self._longest_wait_s, timeout + self._margin_s)
         deadline = loop.time() + timeout
         # The fleet answers a request it could not serve in time 'expired': wait a little
         # past the deadline for that answer rather than guess it.

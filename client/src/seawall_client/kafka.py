@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import re
 import socket
 import ssl
@@ -29,8 +30,16 @@ from typing import Any, Final, Literal, cast, get_args
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.client import AIOKafkaClient, ConnectionGroup
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.errors import (
+    KafkaError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+    for_code,
+)
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.metadata import MetadataRequest
 
 from seawall_client.fetch_pacing import Dormancy, FetchPacing
 from seawall_client.topics import TopicSpec
@@ -43,6 +52,18 @@ STACK_ENV_FILE: Final = os.environ.get("SEAWALL_ENV_FILE", ".seawall/stack.env")
 run beside it read it; the environment wins over it."""
 CLOSE_TIMEOUT_S: Final = 15.0
 """How long a Kafka client may take to close before it is abandoned."""
+DELETE_TIMEOUT_S: Final = 5.0
+"""How long ``delete_topics`` may wait for the broker before it gives up."""
+UNTRACK_MISSING_S: Final = 30.0
+"""A topic the broker no longer has is dropped from a producer's metadata once nothing
+was sent to it for this long (above the 15 s request timeout, so that a send waiting for
+a topic still being created keeps it)."""
+VANISHED_RECHECK_S: Final = 1.0
+"""How often a producer looks again whether a topic it saw deleted was made again."""
+UNTRACK_IDLE_S: Final = 600.0
+"""A topic nothing was sent to for this long is dropped from a producer's metadata: a
+later send adds it back (one metadata round trip), and the metadata requests stay as
+small as the topics in use, not every reply topic ever written to."""
 _PREFIX = re.compile(r"^[A-Za-z0-9._-]{0,64}$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -300,26 +321,129 @@ def connection_options(config: KafkaConfig) -> dict[str, Any]:
     return options
 
 
+class _NoAutoCreateClient(AIOKafkaClient):  # type: ignore[misc]
+    """An aiokafka client whose metadata requests never create a topic; a producer's
+    also drops from them the topics it no longer writes to (``untrack``).
+
+    aiokafka asks for metadata with ``allow_auto_topic_creation`` on. A producer asks
+    again, at every refresh, for every topic it ever wrote to; so a reply topic deleted
+    by its owner (``reply_upkeep``) came straight back, created by the next refresh of
+    any service that had replied to it — on the embedded broker at once, on an Apache
+    Kafka with ``auto.create.topics.enable`` (its default) too, with the broker's
+    defaults and no owner to read or delete it. The fleet creates its topics
+    explicitly (``ensure_topics``) and a reply topic only by its owner."""
+
+    untrack: Callable[[ClusterMetadata, set[str]], None] | None = None
+    """Called after each metadata update with the topics asked for; may discard some."""
+
+    async def _metadata_update(self, cluster_metadata: ClusterMetadata, topics: Any) -> bool:
+        # aiokafka's own (0.11 to 0.14), but for allow_auto_topic_creation=False; the
+        # test that a deleted reply topic stays deleted (tests/integration/client)
+        # fails if an upgrade stops calling it.
+        request = MetadataRequest(list(topics) if topics else None, allow_auto_topic_creation=False)
+        nodeids: list[Any] = [b.nodeId for b in self.cluster.brokers()]
+        bootstrap_id = ("bootstrap", ConnectionGroup.DEFAULT)
+        if bootstrap_id in self._conns:
+            nodeids.append("bootstrap")
+        random.shuffle(nodeids)
+        for node_id in nodeids:
+            conn = await self._get_conn(node_id)
+            if conn is None:
+                continue
+            try:
+                metadata = await conn.send(request)
+            except (TimeoutError, KafkaError) as err:
+                log.warning(
+                    "unable to request metadata from a broker",
+                    extra={"node": str(node_id), "error": repr(err)},
+                )
+                continue
+            if not metadata.brokers:
+                return False
+            cluster_metadata.update_metadata(metadata)
+            if bootstrap_id in self._conns and len(self.cluster.brokers()):
+                self._conns.pop(bootstrap_id).close()
+            break
+        else:
+            log.error("unable to update metadata from any broker", extra={"nodes": nodeids})
+            cluster_metadata.failed_update(None)
+            return False
+        if self.untrack is not None and topics:
+            self.untrack(cluster_metadata, topics)
+        return True
+
+
 class Producer(AIOKafkaProducer):  # type: ignore[misc]
-    """aiokafka's producer, keeping every topic it writes to in its metadata.
+    """aiokafka's producer, keeping the topics it writes to in its metadata, and only
+    those; its metadata requests never create a topic (``_NoAutoCreateClient``).
 
     aiokafka refreshes metadata only for the topics its client tracks, and tracks a
     topic only if it was missing from the metadata when first written to. A topic known
     from the start-up metadata (a dispatch topic, say) is then dropped by the first
     refresh made for a new topic (a client's new reply topic), and batches waiting for
-    it stall until they expire with ``NotLeaderForPartitionError``.
+    it stall until they expire with ``NotLeaderForPartitionError``. So every topic
+    written to is tracked; one not written to for ``UNTRACK_IDLE_S``, or gone from the
+    broker (deleted by its owner) and not written to for ``UNTRACK_MISSING_S``, is
+    dropped again, so that the metadata asked for stays that of the topics in use (a
+    service replies to thousands of clients' reply topics over its life) and a deleted
+    topic is not asked for (aiokafka logs an error each time it is missing).
+
+    A topic that was there and is gone (``_vanished``) fails a send, or a look-up of its
+    partitions, with ``UnknownTopicOrPartitionError`` at once (after one listing of the
+    broker's topics, at most every ``VANISHED_RECHECK_S``, in case it was made again),
+    rather than after aiokafka's wait for its metadata, the whole request timeout: a
+    reply to a client that deleted its topic must not hold its sender for 15 s.
     """
 
     def __init__(self, *, delivered: Callable[[str], None] | None = None, **options: Any) -> None:
         super().__init__(**options)
-        self._tracked: set[str] = set()
+        self.client.__class__ = _NoAutoCreateClient
+        self.client.untrack = self._untrack
+        self._tracked: dict[str, float] = {}
+        """Topic → when it was last written to (``time.monotonic``)."""
+        self._present: set[str] = set()
+        """Tracked topics the last metadata update found."""
+        self._vanished: dict[str, float] = {}
+        """Topics found once and missing since → when that was last checked."""
         self._delivered = delivered
         """Told each topic a send to it was acknowledged on (a doorbell rings it)."""
 
     def _track(self, topic: str) -> None:
-        if topic not in self._tracked:
-            self._tracked.add(topic)
+        known = topic in self._tracked
+        self._tracked[topic] = time.monotonic()
+        if not known:
             self.client.add_topic(topic)
+
+    def _untrack(self, cluster: ClusterMetadata, asked: set[str]) -> None:
+        now = time.monotonic()
+        for topic in list(self._tracked):
+            idle_s = now - self._tracked[topic]
+            gone = topic in asked and cluster.partitions_for_topic(topic) is None
+            if gone and topic in self._present:
+                self._vanished[topic] = now
+                self._present.discard(topic)
+            elif not gone and topic in asked:
+                self._present.add(topic)
+            if idle_s >= UNTRACK_IDLE_S or (gone and idle_s >= UNTRACK_MISSING_S):
+                del self._tracked[topic]
+                self._present.discard(topic)
+                self.client._topics.discard(topic)  # in place: aiokafka compares the set
+        for topic, checked in list(self._vanished.items()):
+            if now - checked >= UNTRACK_IDLE_S:
+                del self._vanished[topic]
+
+    async def _refuse_vanished(self, topic: str) -> None:
+        checked = self._vanished.get(topic)
+        if checked is None:
+            return
+        now = time.monotonic()
+        if now - checked >= VANISHED_RECHECK_S:
+            self._vanished[topic] = now
+            cluster = await self.client.fetch_all_metadata()
+            if cluster.partitions_for_topic(topic) is not None:
+                del self._vanished[topic]
+                return
+        raise UnknownTopicOrPartitionError(f"the topic {topic!r} was deleted")
 
     def _on_ack(self, topic: str, ack: asyncio.Future[Any]) -> None:
         if self._delivered is not None:
@@ -328,13 +452,19 @@ class Producer(AIOKafkaProducer):  # type: ignore[misc]
                 lambda f: None if f.cancelled() or f.exception() else delivered(topic)
             )
 
+    async def partitions_for(self, topic: str) -> Any:
+        await self._refuse_vanished(topic)
+        return await super().partitions_for(topic)
+
     async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        await self._refuse_vanished(topic)
         self._track(topic)
         ack = await super().send(topic, *args, **kwargs)
         self._on_ack(topic, ack)
         return ack
 
     async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
+        await self._refuse_vanished(topic)
         self._track(topic)
         ack = await super().send_batch(batch, topic, partition=partition)
         self._on_ack(topic, ack)
@@ -368,6 +498,32 @@ def new_producer(config: KafkaConfig, **overrides: Any) -> AIOKafkaProducer:
     }
     options.update(overrides)
     return Producer(**options)
+
+
+async def topic_activity(
+    config: KafkaConfig, prefix: str, timeout_s: float = 15.0
+) -> dict[str, int]:
+    """Every topic whose name starts with ``prefix``, with the sum of its partitions'
+    end offsets: a figure that moves whenever anything is written to it (and falls back
+    to zero if it was deleted and made again). Creates no topic, even one deleted while
+    it is looked at (which is then missing, or fails the call with ``KafkaTimeoutError``
+    within ``timeout_s``)."""
+    consumer = new_consumer(config, request_timeout_ms=int(timeout_s * 1000))
+    consumer._client.__class__ = _NoAutoCreateClient
+    try:
+        await consumer.start()
+        names = [t for t in await consumer.topics() if t.startswith(prefix)]
+        if not names:
+            return {}
+        await consumer._client.set_topics(names)  # their partitions, in one request
+        tps = [TopicPartition(t, p) for t in names for p in consumer.partitions_for_topic(t) or ()]
+        ends: dict[TopicPartition, int] = await consumer.end_offsets(tps) if tps else {}
+    finally:
+        await close(consumer)
+    totals: dict[str, int] = {}
+    for tp, end in ends.items():
+        totals[tp.topic] = totals.get(tp.topic, 0) + end
+    return totals
 
 
 class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
@@ -570,6 +726,43 @@ async def ensure_topics(
         return [s.name for s in missing]
     finally:
         await admin.close()
+
+
+async def delete_topics(
+    config: KafkaConfig | str, names: Iterable[str], timeout_s: float = DELETE_TIMEOUT_S
+) -> list[str]:
+    """Delete the topics ``names``, waiting at most ``timeout_s`` for the broker
+    (``TimeoutError`` past it; a ``KafkaError`` where it cannot be reached). Returns the
+    names that are gone: deleted, or absent already. A topic the broker refused to
+    delete (no ``DELETE`` permission, say) is logged and left out. Both the embedded
+    broker (Tansu 0.6) and Apache Kafka answer DeleteTopics."""
+    if isinstance(config, str):
+        config = KafkaConfig(bootstrap=config)
+    wanted = list(dict.fromkeys(names))
+    if not wanted:
+        return []
+    admin = new_admin(config, request_timeout_ms=max(1, int(timeout_s * 1000)))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            response = await admin.delete_topics(wanted, timeout_ms=int(timeout_s * 1000))
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    gone: list[str] = []
+    for topic, code, *_ in response.topic_error_codes:
+        if code in (0, _UNKNOWN_TOPIC):
+            gone.append(topic)
+        else:
+            log.warning(
+                "the broker did not delete a topic",
+                extra={"topic": topic, "error": for_code(code).__name__},
+            )
+    return gone
+
+
+_UNKNOWN_TOPIC: Final = 3
+"""``UNKNOWN_TOPIC_OR_PARTITION``: the topic to delete is not there (already gone)."""
 
 
 async def start_tail(consumer: AIOKafkaConsumer, *topics: str) -> None:

@@ -154,6 +154,9 @@ class ReplyRoutes:
         self._remember = remember
         self._done: OrderedDict[str, None] = OrderedDict()
         self._streams: dict[str, ReplyStream] = {}
+        self.abandoned_at: float | None = None
+        """When (``clock.monotonic``) a stream was last unregistered before its terminal
+        reply came (``settled``)."""
 
     @property
     def waiting(self) -> int:
@@ -167,10 +170,24 @@ class ReplyRoutes:
 
     def unregister(self, request_id: str) -> None:
         """Stop routing a request's records (idempotent); see the module notes."""
-        if self._streams.pop(request_id, None) is not None and self._remember:
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        if stream.terminal is None:
+            self.abandoned_at = self._clock.monotonic()
+        if self._remember:
             self._done[request_id] = None
             if len(self._done) > self._remember:
                 self._done.popitem(last=False)
+
+    def settled(self, due_s: float) -> bool:
+        """Whether no reply can still be on its way: no stream is open, and none was
+        unregistered before its terminal reply (timed out, abandoned) within the last
+        ``due_s`` (the longest a request given up on may still be answered). The owner
+        of the reply topic deletes it on close only then (``reply_upkeep``)."""
+        if self._streams:
+            return False
+        return self.abandoned_at is None or self._clock.monotonic() - self.abandoned_at >= due_s
 
     def route(self, item: ReplyItem) -> str:
         """Hand ``item`` to its stream; what became of it (counted in ``counts``)."""

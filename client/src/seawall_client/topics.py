@@ -112,7 +112,9 @@ class Topics:
 
     def reply_spec(self, owner: str, retention_ms: int = 3600 * 1000) -> TopicSpec:
         """Reply topics keep an hour: long enough for a reconnecting client to catch up,
-        short enough that abandoned ones cost little."""
+        short enough that abandoned ones cost little. Retention empties a topic, never
+        deletes it: its owner does on close, and ingress's sweeper once it is idle
+        (``seawall_client.reply_upkeep``)."""
         return TopicSpec(self.reply(owner), 1, "delete", retention_ms)
 
     def specs(self) -> list[TopicSpec]:
@@ -186,6 +188,16 @@ class RedisKeys:
         checks it before dispatching and answers the request as ``cancelled``. Scoped by
         tenant: nobody can abort another tenant's request by naming its id."""
         return f"{self.prefix}abort:{{{tenant}}}:{request_id}"
+
+    def reply_topics_seen(self) -> str:
+        """The reply-topic sweeper's memory (a hash, ``services.ingress.reply_sweeper``):
+        per reply topic, its end offset, since when it has not moved, and when that was
+        last checked."""
+        return f"{self.prefix}reply_topics:seen"
+
+    def reply_sweep_lease(self) -> str:
+        """Held by the ingress replica sweeping reply topics this round."""
+        return f"{self.prefix}reply_topics:lease"
 
     def seen(self, tenant: str, request_id: str) -> str:
         """Where the Kafka ingress records which record first carried a signed request

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from email import message_from_bytes
 from email.message import EmailMessage, Message
@@ -14,11 +15,21 @@ import pytest
 from aiosmtpd.controller import Controller as SmtpServer
 from aiosmtpd.smtp import SMTP as SmtpProtocol
 from aiosmtpd.smtp import Envelope, Session
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
+from pydantic import SecretStr
 
 from schemas import Evidence
-from services.controller.notify import Email, Notifiers, SmtpConfig, Webhook
+from services.common.logs import JsonFormatter, LogfmtFormatter
+from services.controller.notify import (
+    Email,
+    NotificationFailed,
+    Notifiers,
+    SmtpConfig,
+    Webhook,
+)
 from services.controller.policy.alerts import AlertBook, AlertConfig, Condition, Notification
+from services.controller.service import notifiers_of
+from services.controller.settings import ControllerSettings
 from tests.integration.controller.conftest import Hook
 
 pytestmark = pytest.mark.integration
@@ -204,3 +215,141 @@ def test_starttls_verifies_the_servers_certificate(monkeypatch: pytest.MonkeyPat
     assert isinstance(context, ssl.SSLContext)
     assert context.verify_mode is ssl.CERT_REQUIRED
     assert context.check_hostname
+
+
+# -- secrets (security issue 40, item 6) -------------------------------------------------
+WEBHOOK_TOKEN = "XyZwebhookT0ken9f8e7d6c"
+WEBHOOK_SIG = "sigQQ3141592653589"
+SMTP_PASSWORD = "smtp-Pa55word-k7Jq"
+SECRETS = (WEBHOOK_TOKEN, WEBHOOK_SIG, SMTP_PASSWORD)
+
+
+def refused_port() -> int:
+    """A port of 127.0.0.1 that nothing listens on: a connection to it is refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def everything_logged(records: list[logging.LogRecord]) -> str:
+    """Every record as the services print it, extra fields and tracebacks included, in
+    both formats; and its raw message and arguments."""
+    logfmt, js = LogfmtFormatter(), JsonFormatter()
+    return "\n".join(f"{logfmt.format(r)}\n{js.format(r)}\n{r.msg!r} {r.args!r}" for r in records)
+
+
+async def given_up(notifier: str, before: float) -> None:
+    for _ in range(1000):
+        if count(notifier, "failed") > before:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{notifier}: the notification was not given up")
+
+
+async def test_webhook_url_and_smtp_password_never_reach_logs_reprs_or_metrics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Both notifiers fail on a refused connection, retried then given up: the logs,
+    at every level, name the webhook's host only; no repr, log or metric holds a secret."""
+    caplog.set_level(logging.DEBUG)
+    hook_port, smtp_port = refused_port(), refused_port()
+    settings = ControllerSettings(
+        alert_webhook_url=f"http://127.0.0.1:{hook_port}/services/T0/B0/{WEBHOOK_TOKEN}"
+        f"?sig={WEBHOOK_SIG}",
+        alert_smtp_host="127.0.0.1",
+        alert_smtp_port=smtp_port,
+        alert_smtp_starttls=True,
+        alert_smtp_user="seawall",
+        alert_smtp_password=SMTP_PASSWORD,
+        alert_email_to="ops@example.org",
+        alert_notify_timeout_s=2.0,
+        alert_notify_attempts=2,
+        alert_notify_retry_s=0.01,
+    )
+    before = count("webhook-json", "failed"), count("email", "failed")
+    notifiers = notifiers_of(settings)
+    notifiers.start()
+    try:
+        notifiers.submit([notification()])
+        await given_up("webhook-json", before[0])
+        await given_up("email", before[1])
+    finally:
+        await notifiers.stop()
+
+    logged = everything_logged(caplog.records)
+    shown = [repr(settings), str(settings), settings.model_dump_json(), repr(notifiers._channels)]
+    shown += [repr(c.sender) for c in notifiers._channels]
+    metrics = generate_latest(REGISTRY).decode()
+    for secret in SECRETS:
+        assert secret not in logged
+        assert not any(secret in text for text in shown)
+        assert secret not in metrics
+    gave_up = [r for r in caplog.records if r.getMessage() == "an alert notification was given up"]
+    assert {getattr(r, "target", None) for r in gave_up} == {
+        f"http://127.0.0.1:{hook_port}",
+        f"smtp://127.0.0.1:{smtp_port}",
+    }
+
+
+async def test_a_webhook_answering_an_error_is_logged_by_host_only(
+    hook: Hook, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server answers (404: no such path): httpx logs the request at INFO with its
+    URL, and ``raise_for_status`` would have put it in the error."""
+    caplog.set_level(logging.DEBUG)
+    base = hook.url.removesuffix("/hook")
+    webhook = Webhook(
+        SecretStr(f"{base}/services/T0/B0/{WEBHOOK_TOKEN}?sig={WEBHOOK_SIG}"), "slack", 2.0
+    )
+    try:
+        with pytest.raises(NotificationFailed) as failed:
+            await webhook.send(notification())
+    finally:
+        await webhook.aclose()
+    assert str(failed.value) == f"{base}: HTTP 404"
+    # The receiving server runs in this process too; its access log is not seawall's.
+    ours = [r for r in caplog.records if not r.name.startswith("aiohttp")]
+    assert [r for r in ours if r.name == "httpx"]  # httpx did log the request ...
+    logged = everything_logged(ours)
+    assert base in logged
+    for secret in (WEBHOOK_TOKEN, WEBHOOK_SIG):  # ... by its host only
+        assert secret not in logged
+        assert secret not in repr(failed.value.__cause__) + repr(failed.value.__context__)
+
+
+def test_a_failed_smtp_login_logs_no_password(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The password reaches the server's login, and nothing else."""
+    import smtplib
+
+    caplog.set_level(logging.DEBUG)
+    logins: list[tuple[str, str]] = []
+
+    class RefusingSmtp:
+        def __init__(self, host: str, port: int, timeout: float) -> None:
+            pass
+
+        def __enter__(self) -> RefusingSmtp:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def starttls(self, context: object = None) -> None:
+            pass
+
+        def login(self, user: str, password: str) -> None:
+            logins.append((user, password))
+            raise smtplib.SMTPAuthenticationError(535, b"5.7.8 credentials invalid")
+
+    monkeypatch.setattr(smtplib, "SMTP", RefusingSmtp)
+    config = SmtpConfig(
+        "mail", 587, "a@b.c", ("d@e.f",), starttls=True, user="seawall", password=SMTP_PASSWORD
+    )
+    with pytest.raises(smtplib.SMTPAuthenticationError) as refused:
+        Email(config)._deliver(EmailMessage())
+    assert logins == [("seawall", SMTP_PASSWORD)]
+    assert SMTP_PASSWORD not in repr(config) + str(refused.value)
+    assert SMTP_PASSWORD not in everything_logged(caplog.records)

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import InferenceReply, ReasonCode, ReplyChunk, ReplyStatus
-from seawall_client.streams import ReplyItem, ReplyRouterClosed, ReplyStream
+from seawall_client.clock import ManualClock
+from seawall_client.streams import ReplyItem, ReplyRouterClosed, ReplyRoutes, ReplyStream
 
 pytestmark = pytest.mark.unit
 
@@ -152,3 +153,22 @@ def test_what_is_delivered_is_one_generation_in_order_and_its_terminal_matches(
     if ends and ends[0].reason is not ReasonCode.STREAM_INTERRUPTED:
         streamed = "".join(c.text for c in chunks)
         assert ends[0].text == streamed
+
+
+def test_routes_are_settled_only_when_no_reply_can_still_come() -> None:
+    """What decides whether a reply topic's owner may delete it on close."""
+    clock = ManualClock()
+    routes = ReplyRoutes(clock)
+    assert routes.settled(due_s=60)  # nothing ever asked
+    routes.register("answered")
+    assert not routes.settled(due_s=60)  # waiting
+    routes.route(InferenceReply(request_id="answered", status=ReplyStatus.OK, completed_at=1.0))
+    routes.unregister("answered")
+    assert routes.settled(due_s=60)  # its terminal reply came: nothing more will
+    routes.register("given-up")
+    routes.unregister("given-up")  # timed out: the fleet may still answer it
+    assert not routes.settled(due_s=60)
+    clock.advance(59)
+    assert not routes.settled(due_s=60)
+    clock.advance(1)
+    assert routes.settled(due_s=60)

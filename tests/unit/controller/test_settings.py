@@ -67,3 +67,14 @@ def test_smtp_credentials_without_starttls_are_refused_at_start() -> None:
             alert_smtp_user="seawall",
             alert_smtp_password="secret",
         )
+
+
+def test_a_webhook_url_is_a_secret_checked_without_being_echoed() -> None:
+    token = "T0ken-in-the-path-9f8e"
+    s = ControllerSettings(alert_webhook_url=f"https://hooks.example.org/services/{token}")
+    assert s.alert_webhook_url is not None
+    assert s.alert_webhook_url.get_secret_value().endswith(token)
+    assert token not in repr(s) + str(s) + s.model_dump_json()
+    with pytest.raises(ValidationError, match="http\\(s\\) URL with a host") as refused:
+        ControllerSettings(alert_webhook_url=f"hooks.example.org/services/{token}")
+    assert token not in str(refused.value)

@@ -112,3 +112,12 @@ def test_abort_budget_defaults() -> None:
 def test_safe_name() -> None:
     assert safe_name("host-1.example:1234") == "host-1.example_1234"
     assert safe_name("") == "_"
+
+
+def test_reply_topics_idle_time_must_outlast_three_heartbeats() -> None:
+    s = IngressSettings(dev_mode=True)
+    assert (s.reply_heartbeat_s, s.reply_idle_s, s.reply_sweep_s) == (300, 3 * 3600, 300)
+    assert s.reply_sweep_max_deletions == 100
+    IngressSettings(dev_mode=True, reply_heartbeat_s=60, reply_idle_s=180)
+    with pytest.raises(ValidationError, match="three reply_heartbeat_s"):
+        IngressSettings(dev_mode=True, reply_heartbeat_s=60, reply_idle_s=179)
