@@ -46,6 +46,7 @@ from services.ingress.keystore import (
     KeyStore,
     SignReport,
     TenantPolicy,
+    check_region,
 )
 from services.ingress.policy.keys import IssuedKey, KeyRecord, disabled_at, phase
 from services.ingress.settings import IngressSettings, safe_name
@@ -146,6 +147,7 @@ def _issued(issued: IssuedKey, policy: TenantPolicy) -> dict[str, Any]:
         "tenant": record.tenant,
         "tier": policy.tier.value,
         "sensitive": policy.sensitive,
+        "region": policy.region,
         "created_at": record.created_at,
         "disabled_at": disabled_at(record),
     }
@@ -155,9 +157,11 @@ def _print_new_key(doc: dict[str, Any], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(doc))
         return
+    region = f", region {doc['region']}" if doc.get("region") else ""
     typer.echo(
         f"key {doc['key_id']} for tenant {doc['tenant']} (tier {doc['tier']}, "
-        f"sensitive data: {doc['sensitive']}); store it now, it is shown only this once:",
+        f"sensitive data: {doc['sensitive']}{region}); store it now, it is shown only "
+        "this once:",
         err=True,
     )
     typer.echo(doc["key"])
@@ -173,19 +177,36 @@ def create(
         Sensitive | None,
         typer.Option(help="The tenant's policy for sensitive data in prompts."),
     ] = None,
+    region: Annotated[
+        str | None,
+        typer.Option(
+            help="The tenant's region: where its Kafka requests come from, for regional "
+            "throttles and hotspots (a record's client_ip is never believed). '' clears "
+            "it. HTTP requests keep their client address's region."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")] = False,
 ) -> None:
-    """Create a key; print it once."""
+    """Create a key; print it once. ``--tier``, ``--sensitive`` and ``--region`` set the
+    tenant's policy (for all its keys) on the way."""
     try:
         TypeAdapter(Ident).validate_python(tenant)
     except ValidationError:
         raise typer.BadParameter("letters, digits and ._:@/- only", param_hint="--tenant") from None
+    if region:
+        try:
+            check_region(region)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--region") from None
     settings = _settings()
 
     async def go() -> tuple[IssuedKey, TenantPolicy]:
         async with open_keystore(settings) as store:
             return await store.create(
-                tenant, tier=tier, sensitive=sensitive.value if sensitive else None
+                tenant,
+                tier=tier,
+                sensitive=sensitive.value if sensitive else None,
+                region=region,
             )
 
     issued, policy = _run(go())
@@ -212,6 +233,7 @@ def list_keys(
                 "key_id": record.key_id,
                 "tenant": record.tenant,
                 "tier": policy.tier.value if policy else None,
+                "region": policy.region if policy else None,
                 "phase": phase(record, now),
                 "created_at": record.created_at,
                 "rotated_at": record.rotated_at,
@@ -305,7 +327,10 @@ def sign(
                 for r in report.keys
             ],
             "policies": [
+                # a region only where the record holds one: whatever it holds is signed,
+                # so the operator must see it
                 {"tenant": t, "tier": p.tier.value, "sensitive": p.sensitive}
+                | ({"region": p.region} if p.region is not None else {})
                 for t, p in report.policies
             ],
             "altered": [{"record": kind, "name": name} for kind, name in report.altered],
@@ -316,9 +341,10 @@ def sign(
     else:
         verb = "would sign" if dry_run else "signed"
         for tenant, policy in report.policies:
+            region = f", region {policy.region}" if policy.region is not None else ""
             typer.echo(
                 f"{verb} policy of tenant {tenant}: tier {policy.tier.value}, "
-                f"sensitive data: {policy.sensitive}"
+                f"sensitive data: {policy.sensitive}{region}"
             )
         for r in report.keys:
             revoked = f", revoked {_when(r.revoked_at)}" if r.revoked_at is not None else ""

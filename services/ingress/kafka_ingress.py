@@ -213,9 +213,10 @@ class KafkaIngress(Component):
         if refusal is not None:
             return _Reject(request, refusal)
         # The region is never the producer's to choose: a record's client_ip is whatever
-        # it wrote (it could dodge a region's throttle, or aim one at a region). Kafka
-        # requests arrive from no region.
-        region, refusal = pipeline.arrive(principal, "")
+        # it wrote (it could dodge a region's throttle, or aim one at a region). A Kafka
+        # request comes from its tenant's region (the operator's, inside the policy's
+        # MAC; keystore), else from none.
+        region, refusal = pipeline.arrive_in(principal, principal.policy.region or "")
         if refusal is not None:
             return _Reject(request, refusal)
         span = TRACER.start("ingress.screen", root.context)

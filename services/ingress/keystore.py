@@ -10,7 +10,8 @@ The lifecycle rules are ``keys.py``'s; this module only keeps their state. Layou
 |                              |      | ``created_at``, ``rotated_at``, ``revoked_at`` (epoch s), |
 |                              |      | ``mac``                                                 |
 | ``<p>tenant:{<t>}:keys``     | set  | the tenant's key ids                                    |
-| ``<p>tenant:{<t>}:policy``   | hash | ``tier``, ``sensitive`` (``block`` or ``redact``), ``mac`` |
+| ``<p>tenant:{<t>}:policy``   | hash | ``tier``, ``sensitive`` (``block`` or ``redact``),   |
+|                              |      | ``region`` (optional), ``mac``                          |
 | ``<p>tenants``               | set  | every tenant with a key                                 |
 
 A key record expires (``PEXPIREAT``) when its lifecycle reaches ``purged``, so Redis
@@ -19,6 +20,13 @@ deletes it; the ids left behind in the tenant's set are dropped on the next list
 The tier belongs to the tenant, not to a key (quotas are per tenant: two keys of one
 tenant at different tiers would share one bucket under two rule sets), so a key's tier
 is its tenant's tier at the time of the request.
+
+The region, where a tenant has one, is where its Kafka requests come from: a record on
+``llm.ingress`` arrives from no address ingress can trust (its ``client_ip`` is whatever
+the producer wrote), so the region that regional throttles and hotspot detection see is
+the one the operator gave the tenant (``seawall keys create --region``), never one the
+record names. HTTP requests keep the region of their client's address (the TCP peer, or
+a trusted proxy's ``X-Forwarded-For``). Like the tier, it is inside the policy's MAC.
 
 Integrity. Key records and policies carry ``mac`` (``policy.integrity``: HMAC-SHA-256
 under a subkey of the pepper over every field that decides something), checked in
@@ -47,6 +55,7 @@ key that no listing shows.
 from __future__ import annotations
 
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -110,10 +119,27 @@ return 1
 """
 
 
+REGION_PATTERN = re.compile(r"[A-Za-z0-9._:@/-]{1,64}")
+"""A tenant's region: what a ``RegionThrottle`` can name (at most 64 characters), and a
+Redis hash tag (no braces: ``admission.quota``)."""
+
+
+def check_region(region: str) -> str:
+    """``region`` if it can be a tenant's region; ``ValueError`` otherwise."""
+    if not REGION_PATTERN.fullmatch(region):
+        raise ValueError(
+            f"region {region!r}: 1 to 64 letters, digits and ._:@/- (or '' to clear it)"
+        )
+    return region
+
+
 @dataclass(frozen=True, slots=True)
 class TenantPolicy:
     tier: Tier
     sensitive: SensitivePolicy
+    region: str | None = None
+    """Where the tenant's Kafka requests come from (``None``: no region); HTTP requests
+    come from their client address's region instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +185,11 @@ def key_record_fields(record: KeyRecord, macs: RecordMacs) -> dict[FieldT, Encod
 
 def policy_fields(tenant: str, policy: TenantPolicy, macs: RecordMacs) -> dict[FieldT, EncodableT]:
     """A tenant policy's hash fields as the store writes them, its MAC included."""
-    return {
-        "tier": policy.tier.value,
-        "sensitive": policy.sensitive,
-        "mac": macs.policy(tenant, policy.tier.value, policy.sensitive),
-    }
+    fields: dict[FieldT, EncodableT] = {"tier": policy.tier.value, "sensitive": policy.sensitive}
+    if policy.region is not None:
+        fields["region"] = policy.region
+    fields["mac"] = macs.policy(tenant, policy.tier.value, policy.sensitive, policy.region)
+    return fields
 
 
 class AuditLog:
@@ -365,17 +391,25 @@ class KeyStore:
         if policy is None:
             log.error("damaged tenant policy", extra={"tenant": tenant})
             return None, True
-        expected = self._macs.policy(tenant, fields["tier"], fields.get("sensitive"))
-        if not self._verified("policy", tenant, expected, fields):
+        if not self._verified("policy", tenant, self._policy_mac(tenant, fields), fields):
             return None, True
         return policy, True
+
+    def _policy_mac(self, tenant: str, fields: dict[str, str]) -> str:
+        """The MAC a policy record with these fields should carry."""
+        return self._macs.policy(
+            tenant, fields["tier"], fields.get("sensitive"), fields.get("region")
+        )
 
     def _parse_policy(self, fields: dict[str, str]) -> TenantPolicy | None:
         sensitive = fields.get("sensitive", self._default_sensitive)
         tier = fields.get("tier")
+        region = fields.get("region")
         if sensitive not in ("block", "redact") or tier not in set(Tier):
             return None
-        return TenantPolicy(Tier(tier), cast(SensitivePolicy, sensitive))
+        if region is not None and not REGION_PATTERN.fullmatch(region):
+            return None
+        return TenantPolicy(Tier(tier), cast(SensitivePolicy, sensitive), region)
 
     async def _hash(self, key: str) -> dict[str, str]:
         raw = await cast(Any, self._redis.hgetall(key))
@@ -404,10 +438,18 @@ class KeyStore:
 
     # -- writes ------------------------------------------------------------------
     async def set_policy(
-        self, tenant: str, *, tier: Tier | None = None, sensitive: SensitivePolicy | None = None
+        self,
+        tenant: str,
+        *,
+        tier: Tier | None = None,
+        sensitive: SensitivePolicy | None = None,
+        region: str | None = None,
     ) -> TenantPolicy:
         """Create or change a tenant's policy; a new tenant needs a ``tier``, and so
-        does one whose policy fails its integrity check (it is written anew, signed)."""
+        does one whose policy fails its integrity check (it is written anew, signed).
+        ``None`` keeps a field as it is; ``region=""`` clears the region."""
+        if region:
+            check_region(region)
         # never a cached copy: it may change
         current, exists = await self._policy_state(tenant)
         if current is None:
@@ -418,30 +460,44 @@ class KeyStore:
                         "run `seawall keys sign`; or altered): give it a tier to set it anew"
                     )
                 raise ValueError(f"tenant {tenant!r} is new: give it a tier")
-            new = TenantPolicy(tier, sensitive or self._default_sensitive)
+            new = TenantPolicy(tier, sensitive or self._default_sensitive, region or None)
         else:
-            new = TenantPolicy(tier or current.tier, sensitive or current.sensitive)
+            new = TenantPolicy(
+                tier or current.tier,
+                sensitive or current.sensitive,
+                current.region if region is None else region or None,
+            )
         if new == current:
             return new
         await cast(Any, self._redis.sadd(self._tenants_key, tenant))
         self._policies.pop(tenant, None)
-        await cast(
-            Any,
-            self._redis.hset(
-                self._policy_key(tenant), mapping=policy_fields(tenant, new, self._macs)
-            ),
-        )
+        # Written whole (DEL first, in one transaction): a cleared region leaves no
+        # field behind that the MAC does not cover.
+        key = self._policy_key(tenant)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            pipe.hset(key, mapping=policy_fields(tenant, new, self._macs))
+            await pipe.execute()
         detail = {"tier": new.tier.value, "sensitive": new.sensitive}
+        if new.region is not None:
+            detail["region"] = new.region
         if current is not None:
             detail |= {"previous_tier": current.tier.value, "previous_sensitive": current.sensitive}
+            if current.region is not None:
+                detail["previous_region"] = current.region
         await self._audit.record(tenant, "policy_changed", detail=detail)
         return new
 
     async def create(
-        self, tenant: str, *, tier: Tier | None = None, sensitive: SensitivePolicy | None = None
+        self,
+        tenant: str,
+        *,
+        tier: Tier | None = None,
+        sensitive: SensitivePolicy | None = None,
+        region: str | None = None,
     ) -> tuple[IssuedKey, TenantPolicy]:
         """A new key for ``tenant`` (setting its policy first if given or new)."""
-        policy = await self.set_policy(tenant, tier=tier, sensitive=sensitive)
+        policy = await self.set_policy(tenant, tier=tier, sensitive=sensitive, region=region)
         issued = generate_key(tenant, self._clock.time(), self._pepper)
         await self._store(issued.record)
         await self._audit.record(
@@ -527,12 +583,9 @@ class KeyStore:
             elif policy is None:
                 report.damaged.append(("policy", tenant))
             elif "mac" in fields:
-                expected = self._macs.policy(tenant, fields["tier"], fields.get("sensitive"))
-                if not matches(expected, fields["mac"]):
+                if not matches(self._policy_mac(tenant, fields), fields["mac"]):
                     report.altered.append(("policy", tenant))
-            elif await sign(
-                key, self._macs.policy(tenant, fields["tier"], fields.get("sensitive")), fields
-            ):
+            elif await sign(key, self._policy_mac(tenant, fields), fields):
                 report.policies.append((tenant, policy))
                 self._policies.pop(tenant, None)
                 if not dry_run:

@@ -15,15 +15,20 @@ the pool one more run, so admission samples few, and only for pools at level 0 w
 their breaker closed; a shadow that waited ``SHADOW_MAX_AGE_S`` (its pool was busy) is
 dropped, and so is one that came back to the original's own worker (its partition's
 owner), which would only repeat itself.
+
+Where a shadow goes (its partition, and the key that places it on a canary's topic) is
+picked by a hash of the request's id keyed with the fleet's sampling secret
+(``services.common.sampling``), as admission's sample is: the producer chose the id, and
+unkeyed it could choose which worker runs, and judges, its shadows.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from typing import Final, Literal
 
 from schemas import DispatchedRequest, InferenceReply, ReplyStatus, ShadowOf
+from services.common.sampling import keyed_hash
 from services.workers.engine.base import Engine, RequestRefused
 from services.workers.policy.consistency import Comparison, compare, fingerprint
 from services.workers.policy.dispatches import REPLY_TEXT_LIMIT, engine_request_for
@@ -59,22 +64,24 @@ def shadow_for(
     )
 
 
-def shadow_key(d: DispatchedRequest) -> bytes:
-    """Not the original's key: its partition is the original worker's."""
-    return f"shadow:{d.request.scoped_id}".encode()
+def shadow_key(d: DispatchedRequest, secret: bytes) -> bytes:
+    """Not the original's key (its partition is the original worker's), nor anything its
+    producer can aim: the keyed hash of the request's id (``secret``: the fleet's
+    sampling secret), which places a shadow sent to another pool (a canary)."""
+    return f"shadow:{keyed_hash(secret, d.request.scoped_id):016x}".encode()
 
 
 def shadow_partition(
-    d: DispatchedRequest, partitions: Iterable[int], owned: Iterable[int]
+    d: DispatchedRequest, partitions: Iterable[int], owned: Iterable[int], secret: bytes
 ) -> int | None:
     """A partition of the shadow's pool topic that the original's worker does not own
-    (picked by the request id), so that another worker runs the shadow; ``None`` when
-    it owns them all (the key then decides, and the shadow may come back)."""
+    (picked by the request id's hash keyed with ``secret``, the fleet's sampling
+    secret), so that another worker runs the shadow; ``None`` when it owns them all (the
+    key then decides, and the shadow may come back)."""
     others = sorted(set(partitions) - set(owned))
     if not others:
         return None
-    digest = hashlib.blake2b(d.request.scoped_id.encode(), digest_size=8).digest()
-    return others[int.from_bytes(digest) % len(others)]
+    return others[keyed_hash(secret, d.request.scoped_id) % len(others)]
 
 
 async def run_shadow(

@@ -148,3 +148,34 @@ async def audit_events(settings: CommonSettings, topics: Topics, n: int) -> list
         assert event.actor.startswith("cli:")
         assert "sk-sw-" not in event.model_dump_json()
     return events
+
+
+async def test_create_sets_and_clears_the_tenant_s_region(
+    env: dict[str, str], settings: CommonSettings, redis: aioredis.Redis
+) -> None:
+    """``--region`` places the tenant (for its Kafka requests: regional throttles,
+    hotspots), inside the policy's MAC; ``--region ''`` takes it out again."""
+    policy_key = f"{settings.redis_prefix}tenant:{{eu-co}}:policy"
+    created = await keys(
+        env, "create", "--tenant", "eu-co", "--tier", "pro", "--region", "eu-west", "--json"
+    )
+    assert created.exit_code == 0, created.output
+    assert json.loads(created.stdout)["region"] == "eu-west"
+    assert await redis.hget(policy_key, "region") == b"eu-west"
+    rows = await listing(env, "--tenant", "eu-co")
+    assert {row["region"] for row in rows.values()} == {"eu-west"}
+    # another key keeps the region; the human form says where the tenant is
+    human = await keys(env, "create", "--tenant", "eu-co")
+    assert human.exit_code == 0, human.output
+    assert "region eu-west" in human.stderr
+    moved = await keys(env, "create", "--tenant", "eu-co", "--region", "ap-east", "--json")
+    assert json.loads(moved.stdout)["region"] == "ap-east"
+    cleared = await keys(env, "create", "--tenant", "eu-co", "--region", "", "--json")
+    assert cleared.exit_code == 0, cleared.output
+    assert json.loads(cleared.stdout)["region"] is None
+    assert await redis.hget(policy_key, "region") is None
+    assert (await redis.hgetall(policy_key)).keys() == {b"tier", b"sensitive", b"mac"}
+    for bad in ("has space", "{tag}", "x" * 65):
+        refused = await keys(env, "create", "--tenant", "eu-co", "--region", bad)
+        assert refused.exit_code == 2, bad
+        assert "region" in refused.output

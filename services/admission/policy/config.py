@@ -31,3 +31,8 @@ class PolicyConfig:
     consistency_sample: float = 0.0
     """The share of repeatable requests ordered a shadow run (``shadow_order``)."""
     consistency_min_similarity: float = 0.5
+    sampling_secret: bytes = field(default=b"", repr=False)
+    """The key of the canary split's and the shadow sample's hashes (``services.common.
+    sampling``). The service always sets it from ``SEAWALL_SAMPLING_SECRET_FILE`` and
+    does not start without one; empty (the default, for the pure tests) is an unkeyed
+    hash that anyone can compute."""

@@ -304,12 +304,14 @@ class AdmissionPolicy(PoolRouting):
         """Whether ``request``, sent to ``pool`` undegraded, is sampled for the output-
         consistency check, and where its shadow runs: on its own pool, or — while a
         canary of the pool takes traffic — on the canary, which is then held to the
-        baseline's outputs. Sampled by a hash of the request id: every replica, and a
-        redelivery, decides alike."""
+        baseline's outputs. Sampled by a keyed hash of the request id (the fleet's
+        sampling secret): every replica, and a redelivery, decides alike, and a producer
+        choosing its ids cannot tell which are sampled."""
         sampling = request.sampling
         if sampling.temperature != 0 and sampling.seed is None:
             return None  # nothing to compare: two runs may rightly differ
-        if sticky_point(f"shadow/{request.request_id}") >= self.config.consistency_sample:
+        point = sticky_point(self.config.sampling_secret, f"shadow/{request.request_id}")
+        if point >= self.config.consistency_sample:
             return None
         split = control.get(TrafficSplit, f"pool:{pool}")
         taking = [t for t in canaries_of(split) if split.weights[t] > 0] if split else []

@@ -24,7 +24,9 @@ the pool's traffic is shared with its canary pool (``<pool>.canary-<version>``) 
 weight, before anything else is decided, so the canary pool's own breaker, ladder and
 capacity govern what it takes. A request's side follows a hash of its session (else
 its request id): a session stays on one side, and as the canary's share grows the
-sessions already on it stay there.
+sessions already on it stay there. The hash is keyed with the fleet's sampling secret
+(``services.common.sampling``): the producer chooses its session and request ids, and
+could otherwise pick ids that land on the canary, or stay off it.
 """
 
 from __future__ import annotations
@@ -84,9 +86,12 @@ def worker_share(breaker: BreakerState, rate_limit_factor: float) -> float:
     return 1.0
 
 
-def sticky_point(key: str) -> float:
-    """``key``'s place in [0, 1): the same on every replica and in every process."""
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+def sticky_point(secret: bytes, key: str) -> float:
+    """``key``'s place in [0, 1) under the fleet's sampling ``secret``: the same on every
+    replica and in every process, and not computable by whoever chose ``key`` (a
+    producer) without the secret (``services.common.sampling.keyed_point``, here for
+    the policy to stay pure)."""
+    digest = hashlib.blake2b(key.encode(), key=secret, digest_size=8).digest()
     return int.from_bytes(digest) / 2**64
 
 
@@ -122,7 +127,7 @@ class PoolRouting:
         event = control.get(TrafficSplit, f"pool:{pool}")
         if event is None:
             return pool
-        point = sticky_point(f"{pool}/{request.dispatch_key}")
+        point = sticky_point(self.config.sampling_secret, f"{pool}/{request.dispatch_key}")
         share = 0.0
         for target in canaries_of(event):
             share += event.weights[target]

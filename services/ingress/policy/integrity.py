@@ -2,20 +2,25 @@
 
 A key record says which tenant a key belongs to and whether it still works
 (``revoked_at``, its dates); a tenant's policy says its tier (its quotas) and what
-happens to sensitive data in its prompts. Whoever can write Redis but does not hold the
-pepper could otherwise move a key to another tenant, clear a revocation or raise a
-tier. Each record therefore carries ``mac``: hex HMAC-SHA-256 over a canonical
-encoding of every field that decides something, under a key derived from the pepper —
-one subkey per kind of record (``HMAC(pepper, label)``), never the pepper itself, so a
-MAC can neither be mistaken for a key hash (also keyed by the pepper) nor moved from a
-key record to a policy. Each record's MAC also covers its own name (key id or tenant),
-so it cannot be copied onto another record of the same kind.
+happens to sensitive data in its prompts, and its region (where its Kafka requests
+count, and which regional throttles hold them back). Whoever can write Redis but does
+not hold the pepper could otherwise move a key to another tenant, clear a revocation,
+raise a tier or move a tenant out of a throttled region. Each record therefore carries
+``mac``: hex HMAC-SHA-256 over a canonical encoding of every field that decides
+something, under a key derived from the pepper — one subkey per kind of record
+(``HMAC(pepper, label)``), never the pepper itself, so a MAC can neither be mistaken for
+a key hash (also keyed by the pepper) nor moved from a key record to a policy. Each
+record's MAC also covers its own name (key id or tenant), so it cannot be copied onto
+another record of the same kind.
 
 The encoding is JSON with sorted keys and no spaces, ASCII only: each value is
 quoted and escaped, so no choice of values (a tenant holding ``|``, a date holding a
 comma) can make two different records encode alike, as a plain join could. Dates are
 encoded as Python writes a float (``repr``), the way the store writes them; an absent
-date is ``null``, distinct from every date.
+date is ``null``, distinct from every date. A policy's region is in the encoding only
+when it has one: policies signed before tenants had regions keep verifying, and adding,
+changing or removing a region all change the encoding (a key present or absent), so
+each fails the MAC.
 """
 
 from __future__ import annotations
@@ -65,10 +70,16 @@ class RecordMacs:
             },
         )
 
-    def policy(self, tenant: str, tier: str, sensitive: str | None) -> str:
+    def policy(
+        self, tenant: str, tier: str, sensitive: str | None, region: str | None = None
+    ) -> str:
         """The MAC of a tenant's policy; ``sensitive`` ``None`` when the record has none
-        (the store's default applies then)."""
-        return _mac(self.policies, {"tenant": tenant, "tier": tier, "sensitive": sensitive})
+        (the store's default applies then), ``region`` ``None`` when it has none (its
+        Kafka requests then come from no region)."""
+        fields = {"tenant": tenant, "tier": tier, "sensitive": sensitive}
+        if region is not None:
+            fields["region"] = region
+        return _mac(self.policies, fields)
 
 
 def canonical(fields: Mapping[str, str | None]) -> bytes:

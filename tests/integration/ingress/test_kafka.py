@@ -26,6 +26,7 @@ from schemas import (
     InferenceRequest,
     Priority,
     ReasonCode,
+    RegionThrottle,
     ReplyStatus,
     SamplingParams,
     Tier,
@@ -36,11 +37,19 @@ from seawall_client import signing
 from seawall_client.serde import encode
 from seawall_client.signing import key_id_of
 from seawall_client.topics import RedisKeys, Topics
+from services.admission.service import Admission
 from services.common.bus import make_consumer, make_producer
 from services.common.settings import CommonSettings
 from services.ingress.denials import FailureLimiter
 from services.ingress.pipeline import ABORT_MARKER_MARGIN_S
 from services.ingress.service import IngressService
+from tests.admission_helpers import (
+    TopicReader,
+    admission_settings,
+    apply_control,
+    capacity_feed,
+    control_common,
+)
 from tests.fleet import ReplyReader
 from tests.integration.ingress.conftest import Downstream, Keys
 
@@ -213,6 +222,90 @@ async def test_records_are_classified_from_the_key_not_from_the_record(
     assert got["k-redact"][2].prompt == "my card [REDACTED:bank_card]"
     await producer_replies.poll(300)
     assert producer_replies.terminals == {}  # admitted requests are answered downstream
+
+
+CLAIMED_ADDRESSES = [
+    "203.0.113.5",  # eu-west's range in the region table
+    "198.51.100.7",  # ap-east's
+    "::ffff:203.0.113.9",
+    "2001:db8::1",
+    "10.0.0.1",
+    "not-an-address",
+    "",
+]
+"""What a producer may write as its record's ``client_ip``: every range of the region
+table, other addresses, and none."""
+
+
+async def test_a_records_region_is_its_tenants_whatever_its_client_ip_says(
+    ingress: IngressService,
+    keys: Keys,
+    settings: CommonSettings,
+    topics: Topics,
+    downstream: Downstream,
+    producer_replies: ReplyReader,
+) -> None:
+    """The region (what regional throttles and hotspot detection aim at) of a Kafka
+    request is its tenant's, set by the operator in its signed policy; the client_ip
+    and region a producer wrote in its record change nothing."""
+    policy = await ingress.keystore.set_policy("pro-co", region="ap-east")
+    assert policy.region == "ap-east"
+    sent: list[tuple[InferenceRequest, str]] = []
+    for i, address in enumerate(CLAIMED_ADDRESSES):
+        claimed = ClientMeta(client_ip=address, region="eu-west" if i % 2 else "")
+        sent.append((record(topics, f"reg-pro-{i}", keys.pro, client=claimed), keys.pro))
+        # a tenant with no region: its Kafka requests come from none, wherever they claim
+        other = record(topics, f"reg-ent-{i}", keys.enterprise, client=claimed)
+        sent.append((other, keys.enterprise))
+    await produce_signed(settings, topics.ingress, [signed(r, k) for r, k in sent])
+    got = {req.request_id: req for _, _, req in await downstream.take(len(sent))}
+    assert set(got) == {r.request_id for r, _ in sent}
+    await producer_replies.poll(300)
+    assert producer_replies.terminals == {}  # none refused: all went on to admission
+    for i, address in enumerate(CLAIMED_ADDRESSES):
+        assert got[f"reg-pro-{i}"].client.region == "ap-east", address
+        assert got[f"reg-ent-{i}"].client.region == "", address
+        assert got[f"reg-pro-{i}"].client.client_ip == address  # carried, never believed
+
+
+async def test_a_region_throttle_holds_back_its_tenants_kafka_requests(
+    ingress: IngressService,
+    keys: Keys,
+    settings: CommonSettings,
+    topics: Topics,
+    producer_replies: ReplyReader,
+) -> None:
+    """A throttle the controller (here: a signed control event) issues for a region
+    applies to the Kafka requests of the tenants the operator placed there, whatever
+    address their records claim; a tenant elsewhere passes, even claiming an address in
+    the throttled region's range."""
+    await ingress.keystore.set_policy("pro-co", region="ap-east")
+    admission = Admission(admission_settings(settings))
+    async with (
+        admission,
+        TopicReader(settings, topics.dispatch("main")) as dispatched,
+        capacity_feed(settings, topics, {"main": 100}),
+    ):
+        stop = RegionThrottle(**control_common("region:ap-east", 1), region="ap-east", rate_per_s=0)
+        await apply_control(settings, topics, admission.control, stop)
+        eu = ClientMeta(client_ip="203.0.113.5")  # eu-west's range: no dodging the throttle
+        ap = ClientMeta(client_ip="198.51.100.7")  # ap-east's range: no aiming it at others
+        sent = [
+            (record(topics, "thr-pro", keys.pro, client=eu), keys.pro),
+            (record(topics, "thr-ent", keys.enterprise, client=ap), keys.enterprise),
+        ]
+        await produce_signed(settings, topics.ingress, [signed(r, k) for r, k in sent])
+        await drain(
+            lambda: "thr-pro" in producer_replies.terminals,
+            producer_replies.poll,
+        )
+        await dispatched.until(topics.dispatch("main"), 1)
+    (reply,) = producer_replies.terminals["thr-pro"]
+    assert (reply.status, reply.reason) == (ReplyStatus.REJECTED, ReasonCode.REGION_THROTTLED)
+    assert [d.request.request_id for d in dispatched.dispatched(topics.dispatch("main"))] == [
+        "thr-ent"
+    ]
+    assert "thr-ent" not in producer_replies.terminals
 
 
 async def test_bad_records_are_dead_lettered_or_rejected_and_consuming_goes_on(

@@ -123,6 +123,43 @@ async def test_a_tier_changed_in_redis_refuses_the_tenant(
 
 
 @NO_CACHE
+async def test_a_region_changed_added_or_removed_in_redis_refuses_the_tenant(
+    ingress: IngressService, client: httpx.AsyncClient, keys: Keys, redis: aioredis.Redis
+) -> None:
+    """The region decides which regional throttles hold a tenant's Kafka requests back:
+    moving a tenant out of a throttled region (or into another's) in Redis is refused
+    like a raised tier."""
+    store = ingress.keystore
+    policy = await store.set_policy("pro-co", region="ap-east")
+    assert policy.region == "ap-east"
+    assert (await store.policy("pro-co")) == policy
+    assert (await models(client, keys.pro)).status_code == 200
+    key = policy_key(ingress, "pro-co")
+    assert await redis.hget(key, "region") == b"ap-east"
+    before = refusals("policy", "mismatch")
+    await redis.hset(key, "region", "eu-west")  # changed
+    assert code(await models(client, keys.pro)) == (403, "tenant_unknown")
+    await redis.hdel(key, "region")  # removed: "from no region", which no throttle names
+    assert code(await models(client, keys.pro)) == (403, "tenant_unknown")
+    assert refusals("policy", "mismatch") - before == 2
+    # added to a policy that had none
+    assert (await store.policy("big-co")) is not None
+    await redis.hset(policy_key(ingress, "big-co"), "region", "eu-west")
+    assert code(await models(client, keys.enterprise)) == (403, "tenant_unknown")
+    # the operator setting it again writes a signed policy; clearing it ("") leaves no
+    # field behind that the MAC does not cover
+    await store.set_policy("pro-co", tier=Tier.PRO, region="ap-east")
+    assert (await models(client, keys.pro)).status_code == 200
+    cleared = await store.set_policy("pro-co", region="")
+    assert cleared.region is None
+    assert b"region" not in await redis.hgetall(key)
+    assert (await models(client, keys.pro)).status_code == 200
+    assert (await store.policy("pro-co")) == cleared
+    with pytest.raises(ValueError, match="region"):
+        await store.set_policy("pro-co", region="has{braces}")
+
+
+@NO_CACHE
 async def test_macs_swapped_between_two_records_verify_neither(
     ingress: IngressService, client: httpx.AsyncClient, keys: Keys, redis: aioredis.Redis
 ) -> None:

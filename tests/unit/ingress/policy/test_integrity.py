@@ -77,6 +77,28 @@ def test_a_policy_covers_its_tenant_tier_and_sensitive_policy() -> None:
     )
 
 
+def test_a_policy_covers_its_region_and_one_without_keeps_its_mac() -> None:
+    """The region decides which regional throttles hold a tenant's Kafka requests back:
+    adding, changing or removing it changes the MAC. A policy with none is MACed as
+    before regions existed, so policies signed then still verify."""
+    base = MACS.policy("acme", "pro", "redact")
+    assert MACS.policy("acme", "pro", "redact", None) == base
+    assert (
+        base
+        == hmac.new(
+            MACS.policies,
+            canonical({"tenant": "acme", "tier": "pro", "sensitive": "redact"}),
+            hashlib.sha256,
+        ).hexdigest()
+    )
+    eu = MACS.policy("acme", "pro", "redact", "eu-west")
+    assert len({base, eu, MACS.policy("acme", "pro", "redact", "ap-east")}) == 3
+    assert eu != MACS.policy("acme", "pro", "redact", "")  # an empty region is a value too
+    # no value of one field can pass for another's
+    assert eu != MACS.policy("acme", "pro", "eu-west", "redact")
+    assert eu != MACS.policy("eu-west", "pro", "redact", "acme")
+
+
 def test_values_that_a_plain_join_would_confuse_encode_apart() -> None:
     """``tenant="a|b", key_hash="c"`` and ``tenant="a", key_hash="b|c"`` join alike on
     ``|``; here each value is quoted and escaped."""

@@ -170,9 +170,10 @@ async def test_a_shadow_skips_its_own_worker_and_a_stale_one() -> None:
 
 
 def test_a_shadow_goes_to_a_partition_its_worker_does_not_own() -> None:
+    secret = bytes(32)
     picks = {
-        shadow_partition(dispatch().model_copy(update={"request": r}), range(6), {0, 2})
+        shadow_partition(dispatch().model_copy(update={"request": r}), range(6), {0, 2}, secret)
         for r in (dispatch().request.model_copy(update={"request_id": f"r{i}"}) for i in range(200))
     }
     assert picks == {1, 3, 4, 5}
-    assert shadow_partition(dispatch(), range(3), {0, 1, 2}) is None
+    assert shadow_partition(dispatch(), range(3), {0, 1, 2}, secret) is None
