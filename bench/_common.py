@@ -97,6 +97,22 @@ def control_keys() -> Path:
     return _CONTROL_KEYS
 
 
+_SAMPLING_SECRET: Path | None = None
+
+
+def sampling_secret() -> Path:
+    """This run's sampling secret (``services.common.sampling``), made once per process
+    in a temporary directory: admission and the workers do not start without one, and
+    every process of the run shares it, as a fleet's do."""
+    global _SAMPLING_SECRET
+    if _SAMPLING_SECRET is None:
+        from services.common.sampling import make_secret
+
+        _SAMPLING_SECRET = Path(tempfile.mkdtemp(prefix="seawall-bench-sampling-")) / "secret"
+        make_secret(_SAMPLING_SECRET)
+    return _SAMPLING_SECRET
+
+
 def spawn_controller(
     settings: CommonSettings,
     tick_s: float,

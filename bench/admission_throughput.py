@@ -118,6 +118,7 @@ from _common import (
     machine,
     output_dir,
     ratio,
+    sampling_secret,
     steady_clock_hand,
     summary,
 )
@@ -235,6 +236,7 @@ def spawn_admission(settings: CommonSettings, log: Path) -> ChildProcess:
         "SEAWALL_POOLS": ",".join(POOLS),
         "SEAWALL_INSTANCE_ID": "bench-admission",
         "SEAWALL_CONTROL_KEYS_DIR": str(settings.control_keys_dir or control_keys()),
+        "SEAWALL_SAMPLING_SECRET_FILE": str(settings.sampling_secret_file or sampling_secret()),
         "SEAWALL_LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
         **{f"SEAWALL_QUOTA_{tier.value.upper()}": ROOMY for tier in Tier},
@@ -626,6 +628,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> Figures:
         settings = CommonSettings(
             _env_file=None,
             control_keys_dir=control_keys(),
+            sampling_secret_file=sampling_secret(),
             kafka_bootstrap=bootstrap,
             kafka_idempotence=False,
             topic_prefix=f"bench{tag}.",

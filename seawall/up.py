@@ -159,6 +159,7 @@ class Stack:
         self.redis_url = ""
         self._pepper_file: Path | None = None
         self._control_keys: Path | None = None
+        self._sampling_secret: Path | None = None
         self.fill_alarm = broker_fill.FillAlarm()
         self._next_fill_check = 0.0
 
@@ -177,6 +178,7 @@ class Stack:
             self.console.print(f"created {len(created)} topics")
         self._pepper_file = self._ensure_pepper()
         self._control_keys = self._ensure_control_keys()
+        self._sampling_secret = self._ensure_sampling_secret()
         self._write_stack_env()
         for spec in o.services:
             if spec.listens is not None and embedded.port_in_use("127.0.0.1", spec.listens):
@@ -304,6 +306,19 @@ class Stack:
         ensure_keys(path, operator())
         return path
 
+    def _ensure_sampling_secret(self) -> Path | None:
+        """The fleet's sampling secret (``services.common.sampling``: the key of the
+        canary split's and the shadow sample's hashes) in this state directory, made
+        (random, owner-only) the first time; ``None`` when the environment brings its
+        own. One file for every admission and worker process, which must decide alike."""
+        if os.environ.get("SEAWALL_SAMPLING_SECRET_FILE"):
+            return None
+        from services.common.sampling import make_secret
+
+        path = (self.options.state_dir / "sampling_secret").resolve()
+        make_secret(path)
+        return path
+
     @property
     def stack_env_path(self) -> Path:
         return self.options.state_dir / "stack.env"
@@ -350,6 +365,8 @@ class Stack:
             env["SEAWALL_KEY_PEPPER_FILE"] = str(self._pepper_file)
         if self._control_keys is not None:
             env["SEAWALL_CONTROL_KEYS_DIR"] = str(self._control_keys)
+        if self._sampling_secret is not None:
+            env["SEAWALL_SAMPLING_SECRET_FILE"] = str(self._sampling_secret)
         # Every request's stages, for `seawall trace` and `seawall load` (blank: none).
         env["SEAWALL_TRACE_DIR"] = os.environ.get(
             "SEAWALL_TRACE_DIR", str((o.state_dir / "traces").resolve())

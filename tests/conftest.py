@@ -198,12 +198,26 @@ def control_keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return keys
 
 
+@pytest.fixture(scope="session")
+def sampling_secret(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's sampling secret (``services.common.sampling``): one file, as every
+    admission replica and worker of a fleet shares one."""
+    from services.common.sampling import make_secret
+
+    path = tmp_path_factory.mktemp("sampling") / "sampling_secret"
+    make_secret(path)
+    return path
+
+
 @pytest.fixture
-def settings(broker: Broker, redis_url: str, control_keys: Path) -> CommonSettings:
+def settings(
+    broker: Broker, redis_url: str, control_keys: Path, sampling_secret: Path
+) -> CommonSettings:
     """Settings for one test: its own topic prefix and Redis key prefix."""
     tag = uuid.uuid4().hex[:10]
     return CommonSettings(
         control_keys_dir=control_keys,
+        sampling_secret_file=sampling_secret,
         kafka_bootstrap=broker.bootstrap,
         kafka_idempotence=broker.idempotence,
         redis_url=redis_url,

@@ -213,6 +213,7 @@ def spawn_service(
         SEAWALL_REDIS_PREFIX=settings.redis_prefix,
         SEAWALL_INSTANCE_ID=name,
         SEAWALL_CONTROL_KEYS_DIR=str(settings.control_keys_dir or ""),
+        SEAWALL_SAMPLING_SECRET_FILE=str(settings.sampling_secret_file or ""),
         **env,
     )
     with open(log, "ab") as out:

@@ -11,10 +11,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from schemas import Priority
 from schemas.base import Message
 from seawall_client.serde import CONTROL, DecodeError, decode, encode
 from services.common.bus import topics_of
 from services.common.control_signing import ControlSigner, Role, load_signer
+from services.common.hop_signing import Hop, HopKey, load_key
 from services.common.settings import CommonSettings
 
 OPERATOR = "operator:test-operator"
@@ -45,13 +47,36 @@ def control_headers(settings: CommonSettings, value: bytes) -> list[tuple[str, b
     return _signer(settings.control_keys_dir, role).headers(value)
 
 
+@cache
+def _hop(keys_dir: Path, hop: Hop) -> HopKey:
+    return load_key(keys_dir, hop)
+
+
+def hop_of(settings: CommonSettings, topic: str) -> Hop | None:
+    """Which signed hop ``topic`` is (a priority or a dispatch topic), if any."""
+    topics = topics_of(settings)
+    if topic in {topics.requests(p) for p in Priority}:
+        return "requests"
+    if topic.startswith(topics.dispatch("")):
+        return "dispatch"
+    return None
+
+
 def headers_for(
     settings: CommonSettings, topic: str, value: bytes | None
 ) -> list[tuple[str, bytes]] | None:
-    """Signing headers for a record on the control topic; none on any other."""
-    if value is None or topic != topics_of(settings).control:
+    """The headers its producer would sign a record on ``topic`` with: a control event
+    as its issuer, a request on a priority topic as ingress, a dispatch as admission;
+    none on any other topic, or where signatures are off."""
+    if settings.control_keys_dir is None or settings.control_signatures == "off":
         return None
-    return control_headers(settings, value)
+    if topic == topics_of(settings).control:
+        return None if value is None else control_headers(settings, value)
+    hop = hop_of(settings, topic)
+    if hop is None:
+        return None
+    # A tombstone too: its MAC is over no bytes (what the consumer checks it against).
+    return _hop(settings.control_keys_dir, hop).headers(topic, value or b"")
 
 
 async def send_signed(

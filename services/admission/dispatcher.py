@@ -41,6 +41,7 @@ from services.admission.tracing import TRACER
 from services.common.bus import Outgoing, send_batched
 from services.common.control_state import ControlState
 from services.common.failures import Backoff, is_infrastructure
+from services.common.hop_signing import HopKey
 from services.common.lifecycle import cancel_tasks, wait_set
 from services.common.offsets import OffsetTracker
 from services.common.redisclient import exists_each
@@ -81,8 +82,11 @@ class Dispatcher:
         corrections: Corrections,
         backoff: Backoff,
         clock: Clock,
+        hop: HopKey | None = None,
     ) -> None:
+        """``hop``: MACs what goes onto the dispatch topics (``hop_signing``)."""
         self._interval_s = interval_s
+        self._hop = hop
         self._backlog = backlog
         self._policy = policy
         self._control = control
@@ -232,15 +236,11 @@ class Dispatcher:
             if w.trace is not None:
                 TRACER.record("admission.schedule", w.trace, w.accepted_ns, released_ns)
                 span = TRACER.start("admission.dispatch", w.trace, released_ns, pool=d.pool)
-            outgoing.append(
-                Outgoing(
-                    self._topics.dispatch(d.pool),
-                    value,
-                    w.key.encode(),
-                    partition,
-                    tracecontext.header(span.context) if span is not None else None,
-                )
-            )
+            topic = self._topics.dispatch(d.pool)
+            headers = tracecontext.header(span.context) if span is not None else None
+            if self._hop is not None:
+                headers = self._hop.headers(topic, value, headers)
+            outgoing.append(Outgoing(topic, value, w.key.encode(), partition, headers))
             chosen.append((w, verdict, placement, span))
         acks = await send_batched(self._producer, outgoing)
         sends: list[tuple[Waiting, Admit, asyncio.Future[Any], Span | None]] = []

@@ -57,6 +57,7 @@ from services.common.consuming import Record, observe_lag, retry_unavailable
 from services.common.control_state import ControlState
 from services.common.delivery import Replies
 from services.common.failures import Backoff
+from services.common.hop_signing import hop_key_for
 from services.common.lifecycle import cancel_tasks
 from services.common.offsets import OffsetTracker
 from services.common.tracing import now_ns, produced_at_ns
@@ -148,6 +149,8 @@ class Intake:
         self._wake = wake
         self._clock = clock
         self._class_of = {topics.requests(p): p for p in Priority}
+        self._hop = hop_key_for(settings, "requests")
+        """Checks that what is read was put there by ingress (``hop_signing``)."""
         consumer.subscribe(list(self._class_of), listener=_Rebalance(self))
 
     def apply_pauses(self) -> None:
@@ -212,6 +215,11 @@ class Intake:
             cls = self._class_of[tp.topic]
             for record in records:
                 self._offsets.track(tp, record.offset)
+                if self._hop is not None and self._hop.refusal(
+                    tp.topic, record.value, record.headers
+                ):
+                    self._offsets.done(tp, record.offset)  # no request: nobody to answer
+                    continue
                 try:
                     request = decode(REQUEST, record.value)
                 except DecodeError as e:

@@ -60,9 +60,11 @@ from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
 from services.common.delivery import Replies, TopicDirectory
 from services.common.failures import Backoff
+from services.common.hop_signing import hop_key_for
 from services.common.lifecycle import Component, cancel_tasks
 from services.common.offsets import OffsetTracker
 from services.common.redisclient import make_redis
+from services.common.sampling import sampling_secret
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,8 @@ class Admission(Component):
                 scavenger_headroom=settings.scavenger_headroom,
                 consistency_sample=settings.consistency_sample,
                 consistency_min_similarity=settings.consistency_min_similarity,
+                # keyed: a producer's ids must not pick its canary side or its shadows
+                sampling_secret=sampling_secret(settings),
             )
         )
         self.capacity = FleetCapacity(
@@ -150,6 +154,7 @@ class Admission(Component):
             corrections=self._corrections,
             backoff=backoff,
             clock=clock,
+            hop=hop_key_for(settings, "dispatch"),
         )
         wake = self._dispatcher.wake
         reactions = ControlReactions(

@@ -244,11 +244,16 @@ def trust(keys_dir: Path, keys: Iterable[tuple[str, Ed25519PublicKey]]) -> None:
 
 
 def ensure_keys(keys_dir: Path, operator: str) -> None:
-    """Every role's key in ``keys_dir``, made where missing (``seawall up``): the
-    controller's, the workers', and an operator's signing as ``operator``."""
+    """Every role's key in ``keys_dir``, made where missing (``seawall up``,
+    ``seawall control-keys``): the controller's, the workers', and an operator's signing
+    as ``operator``; and the secrets of the signed hops (``services.common.hop_signing``)."""
+    from services.common.hop_signing import HOPS, make_secret
+
     for role in ROLES:
         if not (keys_dir / f"{role}.key").exists():
             make_key(keys_dir, role, operator if role == "operator" else role)
+    for hop in HOPS:
+        make_secret(keys_dir, hop)
 
 
 # -- from a process's settings -----------------------------------------------------

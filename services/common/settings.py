@@ -57,7 +57,9 @@ class CommonSettings(BaseSettings):
     topic_replication: int = Field(default=1, ge=1, le=16)
     pools: Annotated[tuple[str, ...], NoDecode] = ("main", "small")
 
-    redis_url: str = DEFAULT_REDIS_URL
+    redis_url: str = Field(default=DEFAULT_REDIS_URL, repr=False)
+    """Left out of the settings' ``repr``: it may hold Redis's password
+    (``redis://:<password>@host``)."""
     redis_prefix: str = Field(default="seawall:", max_length=64)
     redis_timeout_s: float = Field(default=1.0, gt=0, le=60)
     """Connect and socket timeout of every Redis call; a Redis slower than this counts
@@ -122,6 +124,13 @@ class CommonSettings(BaseSettings):
     process that follows or issues control events will not start without its keys.
     ``off``: believe any event on the topic (a throwaway stack whose broker nobody else
     can reach)."""
+    sampling_secret_file: Path | None = None
+    """A file holding the fleet's sampling secret (hex, 32 to 64 bytes), the key of the
+    hashes that pick a request's canary side and its shadow runs (``services.common.
+    sampling``): the same file for every admission replica and every worker, so that
+    they decide alike. Admission and the workers refuse to start without it, since
+    unkeyed, a producer choosing its ids could aim at the canary or dodge a shadow.
+    ``seawall up`` makes one in its state directory."""
 
     @property
     def kafka(self) -> KafkaConfig:
@@ -174,7 +183,13 @@ class CommonSettings(BaseSettings):
     def _upper(cls, v: object) -> object:
         return v.strip().upper() if isinstance(v, str) else v
 
-    @field_validator("consumer_fetch_busy_wait_ms", "trace_dir", "control_keys_dir", mode="before")
+    @field_validator(
+        "consumer_fetch_busy_wait_ms",
+        "trace_dir",
+        "control_keys_dir",
+        "sampling_secret_file",
+        mode="before",
+    )
     @classmethod
     def _blank_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v

@@ -13,7 +13,8 @@ order (cheap checks first, nothing parsed before its size is known):
 4. ``prepare``: a tenant that admission found over its request quota is refused until
    its bucket refills (``policy.hints``, published by admission: the quota pre-check at the
    edge); the tenant, tier and priority from the key's tenant (whatever the
-   request claimed), the model's pool, the deadline, the client's region, the
+   request claimed), the model's pool, the deadline, the region (HTTP: the client
+   address's; Kafka: the tenant's, never the record's ``client_ip``), the
    ``max_tokens`` cap, the tenant's sensitive-data policy (block or redact) and the
    prompt-length metrics;
 5. ``publish``: onto ``llm.requests.<priority>``, keyed by session id (else tenant).
@@ -45,6 +46,7 @@ from seawall_client.serde import DecodeError, describe, encode
 from seawall_client.signing import key_id_of
 from seawall_client.topics import RedisKeys, Topics
 from seawall_client.tracecontext import TraceContext
+from services.common.hop_signing import hop_key_for
 from services.common.sensitive import MAX_FINDINGS, Finding, screen, summary
 from services.common.tokenizer import count_tokens
 from services.ingress import metrics as m
@@ -146,6 +148,8 @@ class IngressPipeline:
         )
         self._producer = producer
         self._topics = topics
+        self._hop = hop_key_for(settings, "requests")
+        """MACs what goes onto the priority topics (``services.common.hop_signing``)."""
         self._clock = clock
         self._user_agents = UserAgentBlacklist.from_config(
             settings.user_agent_blacklist,
@@ -284,8 +288,13 @@ class IngressPipeline:
         found its tenant's requests bucket empty, until it refills (``policy.hints``):
         no hop, no Redis call, and nothing parsed (HTTP calls this before reading the
         body's JSON). Returns the region and the refusal, if any."""
+        return self.arrive_in(principal, self.region(client_ip))
+
+    def arrive_in(self, principal: Principal, region: str) -> tuple[str, Refusal | None]:
+        """``arrive``, for a request whose region is already known: a Kafka record's is
+        its tenant's (``TenantPolicy.region``, from the policy the keystore caches),
+        never one derived from what the record says."""
         now = self._clock.time()
-        region = self.region(client_ip)
         self.arrivals.count(region)
         hint = self.hints.covering(principal.tenant, now)
         return region, None if hint is None else over_quota(hint, now)
@@ -397,11 +406,14 @@ class IngressPipeline:
         """Queue the request on its priority topic, with ``trace`` as its
         ``traceparent``; await the result for the broker's ack. Queued in call order, so
         one caller's requests keep their order."""
+        topic = self._topics.requests(request.priority)
+        value = encode(request)
+        headers = tracecontext.header(trace)
         fut: asyncio.Future[Any] = await self._producer.send(
-            self._topics.requests(request.priority),
-            encode(request),
+            topic,
+            value,
             key=request.partition_key.encode(),
-            headers=tracecontext.header(trace),
+            headers=headers if self._hop is None else self._hop.headers(topic, value, headers),
         )
         return fut
 

@@ -18,6 +18,8 @@ from seawall_client.clock import Clock
 from seawall_client.serde import encode
 from seawall_client.topics import Topics
 from services.common.failures import is_infrastructure
+from services.common.hop_signing import hop_key_for
+from services.common.sampling import sampling_secret
 from services.workers import metrics as m
 from services.workers.engine.base import Engine, EngineError
 from services.workers.policy.consistency import Comparison
@@ -46,6 +48,9 @@ class Shadowing:
         self.worker_id = settings.instance_id
         self.engine = engine
         self._producer = producer
+        self._hop = hop_key_for(settings, "dispatch")
+        self._secret = sampling_secret(settings)
+        """Keys where a shadow goes (``shadows.shadow_partition``)."""
         self.topics = topics
         self._summary = summary
         self._partitions = partitions
@@ -84,9 +89,15 @@ class Shadowing:
                     shadow,
                     await self._producer.partitions_for(topic),
                     (tp.partition for tp in self._partitions()),
+                    self._secret,
                 )
+            value = encode(shadow)
             await self._producer.send(
-                topic, encode(shadow), key=shadow_key(shadow), partition=partition
+                topic,
+                value,
+                key=shadow_key(shadow, self._secret),
+                partition=partition,
+                headers=None if self._hop is None else self._hop.headers(topic, value),
             )
         except Exception as e:
             if not is_infrastructure(e):

@@ -236,7 +236,7 @@ def test_the_key_pepper_is_a_secret_from_a_file_git_ignores() -> None:
     compose = load()
     assert compose["secrets"]["key_pepper"] == {"file": "./secrets/key_pepper"}
     ingress = compose["services"]["ingress"]
-    assert ingress["secrets"] == ["key_pepper"]
+    assert ingress["secrets"][0] == "key_pepper"
     assert environment(ingress)["SEAWALL_KEY_PEPPER_FILE"] == "/run/secrets/key_pepper"
     ignored = (ROOT / ".gitignore").read_text().split()
     assert "compose/secrets/" in ignored
@@ -244,7 +244,10 @@ def test_the_key_pepper_is_a_secret_from_a_file_git_ignores() -> None:
     assert "compose/secrets" in (ROOT / ".dockerignore").read_text().split()
 
 
-def test_each_control_follower_gets_the_trusted_keys_and_only_its_own_private_key() -> None:
+def test_each_service_gets_only_the_keys_of_its_roles_and_hops() -> None:
+    """Followers get trusted.pub and the private key of their role only; each side of a
+    signed hop (services.common.hop_signing) its secret: ingress and admission the
+    requests hop's, admission and the workers the dispatch hop's."""
     compose = load()
     secrets = compose["secrets"]
     assert all(v["file"].startswith("./secrets/") for v in secrets.values())
@@ -256,9 +259,44 @@ def test_each_control_follower_gets_the_trusted_keys_and_only_its_own_private_ke
         expected = {f"{keys_dir}/trusted.pub": "control_trusted"}
         if role is not None:
             expected[f"{keys_dir}/{role}.key"] = f"control_{role}_key"
+        if role != "controller":  # admission and the workers sample (next test)
+            expected[SAMPLING_TARGET] = "sampling_secret"
+            expected[f"{keys_dir}/dispatch.hmac"] = "hop_dispatch"
+        if name == "admission":
+            expected[f"{keys_dir}/requests.hmac"] = "hop_requests"
         assert mounted == expected, name
-    # Ingress follows no control event, and holds no control key.
-    assert "control" not in str(compose["services"]["ingress"].get("secrets"))
+    # Ingress follows no control event: of the keys, the requests hop's secret only.
+    ingress = compose["services"]["ingress"]["secrets"]
+    assert ingress[1:] == [{"source": "hop_requests", "target": f"{keys_dir}/requests.hmac"}]
+
+
+SAMPLING_TARGET = "/run/secrets/sampling_secret"
+
+
+def test_admission_and_every_worker_share_the_sampling_secret_and_nothing_else_gets_it() -> None:
+    """The canary split and the shadow sample are keyed with one fleet-wide secret
+    (services.common.sampling): every process that samples must read the same file, or
+    two of them would decide apart; ingress and the controller never need it."""
+    compose = load()
+    assert compose["secrets"]["sampling_secret"] == {"file": "./secrets/sampling_secret"}
+    sampling = {
+        name
+        for name, s in seawall_services(compose).items()
+        if module_of(s) in ("services.admission", "services.workers")
+    }
+    assert {"admission", "worker-main", "worker-small", "worker-vllm"} <= sampling
+    for name, service in seawall_services(compose).items():
+        env = environment(service)
+        sources = [s["source"] if isinstance(s, dict) else s for s in service.get("secrets", [])]
+        if name in sampling:
+            assert env["SEAWALL_SAMPLING_SECRET_FILE"] == SAMPLING_TARGET, name
+            mounted = {"source": "sampling_secret", "target": SAMPLING_TARGET}
+            assert mounted in service["secrets"], name
+        else:
+            assert "SEAWALL_SAMPLING_SECRET_FILE" not in env, name
+            assert "sampling_secret" not in sources, name
+    # git-ignored, like the pepper (compose/secrets/), and never in the image
+    assert "compose/secrets/" in (ROOT / ".gitignore").read_text().split()
 
 
 def test_no_secret_is_written_in_the_file() -> None:

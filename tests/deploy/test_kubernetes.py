@@ -27,6 +27,8 @@ KUBERNETES_VERSIONS = ("1.29.0", "1.33.0")
 ADAPTER_RULES = K8S / "overlays" / "gpu" / "prometheus-adapter-rules.yaml"
 KV_METRIC = "seawall_engine_kv_cache_usage_ratio"
 PEPPER_SECRET = "seawall-key-pepper"
+SAMPLING_SECRET = "seawall-sampling-secret"
+SAMPLING_FILE = "sampling_secret"
 
 Obj = dict[str, Any]
 
@@ -259,17 +261,21 @@ def test_the_key_pepper_comes_from_a_secret_that_is_not_in_the_repository(overla
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_each_control_follower_mounts_the_trusted_keys_and_only_its_own_private_key(
-    overlay: str,
-) -> None:
+def test_each_service_mounts_only_the_keys_of_its_roles_and_hops(overlay: str) -> None:
+    """Followers mount trusted.pub and their role's private key only; each side of a
+    signed hop its secret (services.common.hop_signing)."""
     objects = render(overlay)
-    roles = {"admission": None, "controller": "controller"}
+    expected = {
+        "ingress": {"requests.hmac"},
+        "admission": {"trusted.pub", "requests.hmac", "dispatch.hmac"},
+        "controller": {"trusted.pub", "controller.key"},
+    }
     for d in seawall_deployments(objects):
         name = d["metadata"]["name"]
         if name.startswith("worker-"):
-            roles[name] = "worker"
-    assert {"worker-main", "worker-small"} <= set(roles)
-    for name, role in roles.items():
+            expected[name] = {"trusted.pub", "worker.key", "dispatch.hmac"}
+    assert {"worker-main", "worker-small"} <= set(expected)
+    for name, files in expected.items():
         d = one(objects, "Deployment", name)
         path = Path(env_of(d, objects)["SEAWALL_CONTROL_KEYS_DIR"])
         (mount,) = [m for m in container(d)["volumeMounts"] if Path(m["mountPath"]) == path]
@@ -278,10 +284,36 @@ def test_each_control_follower_mounts_the_trusted_keys_and_only_its_own_private_
             v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
         ]
         assert volume["secret"]["secretName"] == "seawall-control-keys"
-        files = {item["path"] for item in volume["secret"]["items"]}
-        assert files == {"trusted.pub"} | ({f"{role}.key"} if role else set()), name
-    ingress = one(objects, "Deployment", "ingress")
-    assert "control" not in str(ingress["spec"]["template"]["spec"]["volumes"])
+        assert {item["path"] for item in volume["secret"]["items"]} == files, name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_admission_and_the_workers_read_one_sampling_secret_from_a_secret(overlay: str) -> None:
+    """The canary split and the shadow sample are keyed with one fleet-wide secret
+    (services.common.sampling), which admission and the workers refuse to start
+    without: each reads it from the same Secret, read-only; ingress and the controller
+    get none."""
+    objects = render(overlay)
+    sampling = {"admission", "worker-main", "worker-small"}
+    for d in seawall_deployments(objects):
+        name = d["metadata"]["name"]
+        env = env_of(d, objects)
+        volumes = d["spec"]["template"]["spec"]["volumes"]
+        if name not in sampling:
+            assert "SEAWALL_SAMPLING_SECRET_FILE" not in env, name
+            assert SAMPLING_SECRET not in str(volumes), name
+            continue
+        path = Path(env["SEAWALL_SAMPLING_SECRET_FILE"])
+        (mount,) = [m for m in container(d)["volumeMounts"] if Path(m["mountPath"]) == path.parent]
+        assert mount["readOnly"] is True, name
+        (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"] == SAMPLING_SECRET, name
+        assert volume["secret"]["items"] == [{"key": path.name, "path": path.name}], name
+    assert {d["metadata"]["name"] for d in seawall_deployments(objects)} >= sampling
+    assert (
+        f"--from-file={SAMPLING_FILE}={SAMPLING_FILE}"
+        in (K8S / "base" / "kustomization.yaml").read_text()
+    )
 
 
 def test_the_sim_overlay_runs_simulated_workers_beside_its_own_kafka_and_redis() -> None:

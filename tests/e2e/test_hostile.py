@@ -54,7 +54,9 @@ from seawall_client.serde import (
 )
 from seawall_client.topics import Topics
 from services.common.bus import make_consumer, make_producer, topics_of
+from services.common.settings import CommonSettings
 from tests.fleet import ReplyReader
+from tests.signing import headers_for, hop_of
 from tests.stack import Stack
 from tests.strategies import from_schema
 
@@ -137,15 +139,28 @@ def _garbage(template: bytes) -> st.SearchStrategy[bytes]:
 class Corpus:
     """What goes to the ingress topic is signed with the key (``key``), but for a share
     left unsigned; expectations follow the ingress's rules: a record that does not prove
-    its key, or whose body names another key, is dead-lettered."""
+    its key, or whose body names another key, is dead-lettered. What goes to a priority
+    or dispatch topic carries its hop's MAC (``settings``' keys: a broken producer that
+    holds the secret), but for a share without: that share is skipped and counted, not
+    dead-lettered (``services.common.hop_signing``)."""
 
-    def __init__(self, topics: Topics, ours: str, sdk_topic: str, key: str, key_id: str):
+    def __init__(
+        self,
+        topics: Topics,
+        ours: str,
+        sdk_topic: str,
+        key: str,
+        key_id: str,
+        settings: CommonSettings,
+    ):
         self.topics = topics
         self.ours = ours
         self.sdk_topic = sdk_topic
         self.key = key
         self.key_id = key_id
         self.records: list[Hostile] = []
+        self.settings = settings
+        self._hop_count = 0
         self.client_skips = 0
         """Records on the SDK's reply topic that are no reply: the client counts and
         skips them (its reply topic is its own; it writes no dead letters)."""
@@ -157,6 +172,12 @@ class Corpus:
             return
         headers: tuple[tuple[str, bytes], ...] = ()
         signed = False
+        if hop_of(self.settings, topic) is not None:
+            self._hop_count += 1
+            if self._hop_count % 5 == 0:  # every fifth one without its MAC: skipped
+                self.records.append(Hostile(topic, value, None, silent=True))
+                return
+            headers = tuple(headers_for(self.settings, topic, value) or ())
         if topic == self.topics.ingress:
             self._count += 1
             signed = self._count % 5 != 0  # every fifth one unsigned
@@ -189,8 +210,10 @@ class Corpus:
             self.records.append(Hostile(topic, value, None, silent=True))
 
 
-def build_corpus(topics: Topics, ours: str, sdk_topic: str, key: str, key_id: str) -> Corpus:
-    corpus = Corpus(topics, ours, sdk_topic, key, key_id)
+def build_corpus(
+    topics: Topics, ours: str, sdk_topic: str, key: str, key_id: str, settings: CommonSettings
+) -> Corpus:
+    corpus = Corpus(topics, ours, sdk_topic, key, key_id, settings)
     now = time.time()
     template = InferenceRequest(
         request_id="t",
@@ -361,7 +384,9 @@ async def test_hostile_records_on_every_topic_are_answered_or_dead_lettered(
         LetterReader(stack) as reader,
     ):
         await controller_consuming(stack, reader)
-        corpus = build_corpus(topics, answers.topic, client.reply_topic, key["key"], key["key_id"])
+        corpus = build_corpus(
+            topics, answers.topic, client.reply_topic, key["key"], key["key_id"], stack.settings
+        )
         producer = make_producer(stack.settings, max_request_size=1_048_576)
         await producer.start()
         try:

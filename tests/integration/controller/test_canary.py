@@ -25,6 +25,7 @@ from services.common.settings import CommonSettings
 from tests.fleet import dispatched, in_background, until
 from tests.integration.controller.test_controller import alerts_on, control_log, controller, worker
 from tests.integration.test_steer_cli import seawall
+from tests.signing import headers_for
 
 pytestmark = pytest.mark.integration
 
@@ -63,10 +64,13 @@ async def traffic(
                     )
                     pool = policy.split("main", request.request, control)
                     shadow = policy.shadow_order(request.request, pool, control)
+                    topic = topics.dispatch(pool)
+                    value = encode(request.model_copy(update={"pool": pool, "shadow": shadow}))
                     await producer.send(
-                        topics.dispatch(pool),
-                        encode(request.model_copy(update={"pool": pool, "shadow": shadow})),
+                        topic,
+                        value,
                         key=f"s{i}".encode(),
+                        headers=headers_for(settings, topic, value),
                     )
                 await asyncio.sleep(0.1)
         finally:

@@ -44,6 +44,7 @@ from services.controller.settings import ControllerSettings
 from services.workers.service import Worker
 from tests.fleet import dispatched, produce, sim_worker, until, worker_settings
 from tests.integration.controller.conftest import Hook
+from tests.signing import headers_for
 
 #: The controller's scaled policy, the same in-process and as a process.
 CONTROLLER = {
@@ -112,14 +113,15 @@ async def load(
     producer = make_producer(settings)
     await producer.start()
     try:
-        sends = [
-            await producer.send(
-                topics.dispatch(pool),
-                encode(dispatched(i, topics.reply("load"), max_tokens=max_tokens, pool=pool)),
-                key=f"s{i}".encode(),
+        topic = topics.dispatch(pool)
+        sends = []
+        for i in range(n):
+            value = encode(dispatched(i, topics.reply("load"), max_tokens=max_tokens, pool=pool))
+            sends.append(
+                await producer.send(
+                    topic, value, key=f"s{i}".encode(), headers=headers_for(settings, topic, value)
+                )
             )
-            for i in range(n)
-        ]
         await asyncio.gather(*sends)
     finally:
         await producer.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -30,9 +31,10 @@ class Parts:
 
 
 @pytest.fixture
-async def parts(request: pytest.FixtureRequest) -> AsyncIterator[Parts]:
+async def parts(request: pytest.FixtureRequest, control_keys: Path) -> AsyncIterator[Parts]:
     settings = IngressSettings(
         kafka_bootstrap=UNREACHABLE,
+        control_keys_dir=control_keys,
         redis_url=f"redis://{UNREACHABLE}/0",
         region_table={"203.0.113.0/24": "eu-west"},
         models={"default": "main", "tiny": "small"},
