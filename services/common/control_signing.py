@@ -36,6 +36,7 @@ its role runs (``seawall control-keys``).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import os
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
+from aiokafka import AIOKafkaProducer
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -58,6 +60,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from schemas import ControlEvent
+from seawall_client.serde import encode
 from services.common.settings import CommonSettings
 
 HEADER_SIGNER: Final = "seawall-signer"
@@ -263,31 +266,51 @@ class ControlKeysMissing(RuntimeError):
     """Control signatures are required and this process has no keys to use."""
 
 
-def verifier_for(settings: CommonSettings) -> ControlVerifier | None:
-    """The verifier a follower checks every control event with; ``None`` where
-    signatures are off."""
+def keys_dir(settings: CommonSettings, needed: str) -> Path | None:
+    """The keys directory of a process that needs the file ``needed`` from it; ``None``
+    where signatures are off; ``ControlKeysMissing`` where none is set."""
     if settings.control_signatures == "off":
         return None
     if settings.control_keys_dir is None:
         raise ControlKeysMissing(
-            "control events must be signed: set SEAWALL_CONTROL_KEYS_DIR to the directory "
-            f"holding {TRUSTED_FILE} (seawall control-keys), or SEAWALL_CONTROL_SIGNATURES=off "
+            "internal records must be signed: set SEAWALL_CONTROL_KEYS_DIR to the directory "
+            f"holding {needed} (seawall control-keys), or SEAWALL_CONTROL_SIGNATURES=off "
             "for a throwaway stack"
         )
-    return load_verifier(settings.control_keys_dir)
+    return settings.control_keys_dir
+
+
+def verifier_for(settings: CommonSettings) -> ControlVerifier | None:
+    """The verifier a follower checks every control event with; ``None`` where
+    signatures are off."""
+    found = keys_dir(settings, TRUSTED_FILE)
+    return None if found is None else load_verifier(found)
 
 
 def signer_for(settings: CommonSettings, role: Role) -> ControlSigner | None:
     """The signer of a process that issues control events as ``role``; ``None`` where
     signatures are off."""
-    if settings.control_signatures == "off":
-        return None
-    if settings.control_keys_dir is None:
-        raise ControlKeysMissing(
-            f"control events must be signed: set SEAWALL_CONTROL_KEYS_DIR to the directory "
-            f"holding {role}.key (seawall control-keys), or SEAWALL_CONTROL_SIGNATURES=off"
+    found = keys_dir(settings, f"{role}.key")
+    return None if found is None else load_signer(found, role)
+
+
+async def send_signed(
+    producer: AIOKafkaProducer,
+    topic: str,
+    events: Iterable[ControlEvent],
+    signer: ControlSigner | None,
+) -> None:
+    """Produce ``events`` on the control topic ``topic``, each keyed by its control key
+    and signed (``signer``; none where signatures are off); wait for every ack."""
+    sends = []
+    for event in events:
+        value = encode(event)
+        sends.append(
+            await producer.send(
+                topic, value, key=event.control_key.encode(), headers=signed(signer, value)
+            )
         )
-    return load_signer(settings.control_keys_dir, role)
+    await asyncio.gather(*sends)
 
 
 def signed(signer: ControlSigner | None, value: bytes) -> list[tuple[str, bytes]] | None:

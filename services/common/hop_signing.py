@@ -122,14 +122,7 @@ def load_key(keys_dir: Path, hop: Hop) -> HopKey:
 def hop_key_for(settings: CommonSettings, hop: Hop) -> HopKey | None:
     """The secret of ``hop`` for a service that writes or reads it; ``None`` where
     signatures are off (``control_signatures``)."""
-    from services.common.control_signing import ControlKeysMissing
+    from services.common.control_signing import keys_dir
 
-    if settings.control_signatures == "off":
-        return None
-    if settings.control_keys_dir is None:
-        raise ControlKeysMissing(
-            f"records past ingress must be signed: set SEAWALL_CONTROL_KEYS_DIR to the "
-            f"directory holding {hop}.hmac (seawall control-keys), or "
-            "SEAWALL_CONTROL_SIGNATURES=off"
-        )
-    return load_key(settings.control_keys_dir, hop)
+    found = keys_dir(settings, secret_file(Path(), hop).name)
+    return None if found is None else load_key(found, hop)

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from schemas import BreakerLevel, BreakerState, DegradationLevel, RegionThrottle
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.kafka import close, start_tail
-from seawall_client.serde import ARRIVALS, decode, encode
+from seawall_client.serde import ARRIVALS, decode
 from services.common.bus import make_consumer, make_producer, topics_of
 from services.common.consuming import ConsumerLoop, Record
-from services.common.control_signing import signed, signer_for
+from services.common.control_signing import send_signed, signer_for
 from services.common.control_state import ControlState
 from services.common.deadletters import failure_of
 from services.common.lifecycle import Component
@@ -187,15 +187,4 @@ class RegionGuard(Component):
         return self._seq
 
     async def _send(self, events: list[RegionThrottle]) -> None:
-        sends = []
-        for e in events:
-            value = encode(e)
-            sends.append(
-                await self._producer.send(
-                    self._topics.control,
-                    value,
-                    key=e.control_key.encode(),
-                    headers=signed(self._signer, value),
-                )
-            )
-        await asyncio.gather(*sends)
+        await send_signed(self._producer, self._topics.control, events, self._signer)

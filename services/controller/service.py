@@ -52,10 +52,9 @@ from pydantic import SecretStr
 from schemas import ControlEvent
 from seawall_client.clock import SYSTEM_CLOCK, Clock
 from seawall_client.kafka import close, ensure_topics
-from seawall_client.serde import encode
 from services.common.bus import doorbell_for, make_producer, topics_of
 from services.common.control import ControlFollower
-from services.common.control_signing import signed, signer_for
+from services.common.control_signing import send_signed, signer_for
 from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
 from services.common.lifecycle import Component, cancel_tasks
@@ -216,18 +215,7 @@ class Controller(Component):
         raise RuntimeError("the region guard failed") from self.regions.failure
 
     async def _send(self, events: Sequence[ControlEvent]) -> None:
-        sends = []
-        for event in events:
-            value = encode(event)
-            sends.append(
-                await self._producer.send(
-                    self.topics.control,
-                    value,
-                    key=event.control_key.encode(),
-                    headers=signed(self._signer, value),
-                )
-            )
-        await asyncio.gather(*sends)
+        await send_signed(self._producer, self.topics.control, events, self._signer)
         if self._doorbell is not None and any(
             self.clock.time() - event.issued_at < FRESH_S for event in events
         ):
