@@ -374,3 +374,96 @@ def test_the_findings_are_those_of_checking_each_against_every_one_before(
             if all(f.end <= a.start or a.end <= f.start for a in expected):
                 expected.append(f)
     assert detect(text, limit=10_000) == sorted(expected)
+
+
+# -- the fast paths give the answers of the plain definitions ---------------------------
+
+
+def _reference_luhn_valid(digits: str) -> bool:
+    """By the digits' values: a check digit written in another script (Arabic-Indic,
+    say) counts as what it is, so a card number cannot slip past the scan in one."""
+    return (
+        len(digits) > 1
+        and digits.isdigit()
+        and int(luhn_check_digit(digits[:-1])) == int(digits[-1])
+    )
+
+
+def _reference_gb11643(first17: str) -> str:
+    weights = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+    return "10X98765432"[sum(int(c) * w for c, w in zip(first17, weights, strict=True)) % 11]
+
+
+def _reference_cards(text: str) -> list[sensitive.Finding]:
+    """The card scan as first written: both context searches on every valid number."""
+    found = []
+    for m in sensitive._CARD.finditer(text):
+        digits = sensitive._digits(m.group())
+        if not _reference_luhn_valid(digits):
+            continue
+        before = text[max(0, m.start() - 24) : m.start()]
+        if sensitive._CARD_WORDS.search(before) or (
+            len(digits) >= 16 and not sensitive._ORDER_WORDS.search(before)
+        ):
+            found.append(sensitive.Finding(m.start(), m.end(), "bank_card"))
+    return found
+
+
+@given(st.text(alphabet="0123456789٣", min_size=0, max_size=25))
+def test_luhn_in_c_is_luhn(digits: str) -> None:
+    assert luhn_valid(digits) == _reference_luhn_valid(digits)
+
+
+def test_a_card_number_in_arabic_indic_digits_is_found() -> None:
+    arabic = "4111111111111111".translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    assert luhn_valid(arabic)
+    assert [f.kind for f in sensitive.detect(f"my card {arabic}")] == ["bank_card"]
+
+
+@given(st.text(alphabet="0123456789", min_size=17, max_size=17))
+def test_gb11643_in_c_is_gb11643(first17: str) -> None:
+    assert gb11643_check_char(first17) == _reference_gb11643(first17)
+
+
+_CARD_TEXT = st.lists(
+    st.sampled_from(
+        [
+            "4111111111111111",
+            "4111 1111 1111 1111",
+            "4111-1111-1111-1112",
+            "79927398713",
+            "5500005555555559",
+            "order",
+            "Order#",
+            "xorder",
+            "orders",
+            "card",
+            "CARD",
+            "scard",
+            "cards",
+            "visa",
+            "ref",
+            "txn",
+            "卡号",
+            "银行卡号",
+            "订单",
+            "流水号",
+            "ſ",
+            " ",
+            "  ",
+            "-",
+            ":",
+            "x",
+            "a" * 20,
+        ]
+    ),
+    max_size=30,
+).map("".join)
+
+
+@settings(max_examples=800)
+@given(_CARD_TEXT)
+def test_the_card_scan_finds_what_the_plain_scan_finds(text: str) -> None:
+    """The card scan with its Luhn check summed in C answers as the plain scan does,
+    the context windows' edges included."""
+    assert list(sensitive._cards(text)) == _reference_cards(text)
