@@ -181,7 +181,11 @@ async def test_a_dormant_consumer_sends_no_fetch_until_it_is_rung(
 
     assert await fetches_in(2.0) == 0
     # Woken (by a ring, a peek): it fetches for its linger (15 ms, two or three fetches),
-    # then sleeps again, though a fetch is usually out at the broker when it ends.
-    for _ in range(5):
+    # then sleeps again, though a fetch is usually out at the broker when it ends — and
+    # then it sends none, however long (polling would send ~50 a second). How many it
+    # sends while awake is the machine's pace, not the property: under load CI once
+    # counted 8 in the second after a ring where 6 were assumed.
+    for _ in range(3):
         dormant.wake()
-        assert 1 <= await fetches_in(1.0) <= 6  # polling would be ~50
+        assert await fetches_in(1.0) >= 1
+        assert await fetches_in(1.5) == 0
