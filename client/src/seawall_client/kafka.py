@@ -321,6 +321,13 @@ def connection_options(config: KafkaConfig) -> dict[str, Any]:
     return options
 
 
+def _unknown_topics(metadata: Any) -> set[str]:
+    """The topics a metadata response says the broker does not have. Only that answer
+    means deleted: a topic left out for any other error (no leader yet, the broker
+    busy) is still there."""
+    return {str(t[1]) for t in metadata.topics if t[0] == _UNKNOWN_TOPIC}
+
+
 class _NoAutoCreateClient(AIOKafkaClient):  # type: ignore[misc]
     """An aiokafka client whose metadata requests never create a topic; a producer's
     also drops from them the topics it no longer writes to (``untrack``).
@@ -333,8 +340,9 @@ class _NoAutoCreateClient(AIOKafkaClient):  # type: ignore[misc]
     defaults and no owner to read or delete it. The fleet creates its topics
     explicitly (``ensure_topics``) and a reply topic only by its owner."""
 
-    untrack: Callable[[ClusterMetadata, set[str]], None] | None = None
-    """Called after each metadata update with the topics asked for; may discard some."""
+    untrack: Callable[[ClusterMetadata, set[str], set[str]], None] | None = None
+    """Called after each metadata update with the topics asked for and those the broker
+    answered it does not have (``UNKNOWN_TOPIC_OR_PARTITION``); may discard some."""
 
     async def _metadata_update(self, cluster_metadata: ClusterMetadata, topics: Any) -> bool:
         # aiokafka's own (0.11 to 0.14), but for allow_auto_topic_creation=False; the
@@ -369,7 +377,7 @@ class _NoAutoCreateClient(AIOKafkaClient):  # type: ignore[misc]
             cluster_metadata.failed_update(None)
             return False
         if self.untrack is not None and topics:
-            self.untrack(cluster_metadata, topics)
+            self.untrack(cluster_metadata, topics, _unknown_topics(metadata))
         return True
 
 
@@ -414,11 +422,11 @@ class Producer(AIOKafkaProducer):  # type: ignore[misc]
         if not known:
             self.client.add_topic(topic)
 
-    def _untrack(self, cluster: ClusterMetadata, asked: set[str]) -> None:
+    def _untrack(self, cluster: ClusterMetadata, asked: set[str], unknown: set[str]) -> None:
         now = time.monotonic()
         for topic in list(self._tracked):
             idle_s = now - self._tracked[topic]
-            gone = topic in asked and cluster.partitions_for_topic(topic) is None
+            gone = topic in unknown
             if gone and topic in self._present:
                 self._vanished[topic] = now
                 self._present.discard(topic)
