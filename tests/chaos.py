@@ -404,6 +404,21 @@ async def kill_matrix(
         for c in to_complete
         if c.terminal is not None and c.terminal.status in (ReplyStatus.OK, ReplyStatus.DEGRADED)
     ]
+    # On a starved machine the worker that took a request over can lose it in turn (its
+    # lease, renewed every second, runs out while its event loop stalls) after it has
+    # streamed text of its own: the caller is then told stream_interrupted, as when any
+    # worker is lost mid-stream. Such a request was taken over and streamed; a second
+    # loss, not the first failover, ended it. Counted apart, with its chunks as evidence.
+    retaken = [
+        c
+        for c in to_complete
+        if c not in completed
+        and c.terminal is not None
+        and c.terminal.reason is ReasonCode.STREAM_INTERRUPTED
+        and any(
+            kill_generation < ch.generation < c.terminal.generation and ch.text for ch in c.chunks
+        )
+    ]
     to_completion = sorted(c.done_at - killed_at for c in completed if c.done_at is not None)
     terminal = [c for c in calls if c.terminal is not None]
     by_status = collections.Counter(c.terminal.status.value for c in terminal if c.terminal)
@@ -453,12 +468,22 @@ async def kill_matrix(
             "to_complete": len(to_complete),
             "non_streamed": sum(1 for c in to_complete if not c.stream),
             "completed_elsewhere": len(completed),
+            "retaken_after_text": [
+                {
+                    "id": c.request_id,
+                    "chunks": [(ch.generation % 10**8, ch.worker_id, ch.seq) for ch in c.chunks],
+                    "terminal": (c.terminal.generation % 10**8, c.terminal.worker_id)
+                    if c.terminal
+                    else None,
+                }
+                for c in retaken
+            ],
             "not_completed": [
                 f"{c.request_id}: {c.terminal.status.value}/{c.terminal.reason.value}"
                 if c.terminal
                 else f"{c.request_id}: {c.error!r}"
                 for c in to_complete
-                if c not in completed
+                if c not in completed and c not in retaken
             ],
         },
         "failover_to_completion_s": [round(x, 2) for x in to_completion],

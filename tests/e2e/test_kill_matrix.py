@@ -5,7 +5,9 @@ SIGKILLed and Redis is cut off for 5 s, each one while the backlog of the part b
 is still being worked off. Every request must end with exactly one terminal reply at
 its caller, nothing twice, no stream spliced from two generations, and the stack must
 serve afterwards. The requests the killed worker held and had shown no text of (queued
-there, or not streamed) complete elsewhere with a normal reply."""
+there, or not streamed) complete elsewhere with a normal reply — unless the worker that
+took one over streamed text and was itself lost (its lease ran out on a starved
+machine), which ends that stream as any lost worker does."""
 
 from __future__ import annotations
 
@@ -47,6 +49,10 @@ async def test_kill_matrix_loses_nothing_and_the_stack_serves_after(
     assert report["killed_worker_in_flight"] > 0, f"nothing was taken over: {report}"
     held = report["on_killed_worker"]
     assert held["to_complete"] > 0, f"the killed worker held nothing unshown: {report}"
-    assert held["not_completed"] == []
-    assert held["completed_elsewhere"] == held["to_complete"]
+    # Every request the killed worker held unshown completes elsewhere, unless the worker
+    # that took it over streamed text and was lost in turn (tests/chaos.py, "retaken").
+    assert held["not_completed"] == [], held
+    retaken = len(held["retaken_after_text"])
+    assert held["completed_elsewhere"] + retaken == held["to_complete"], held
+    assert held["completed_elsewhere"] > 0, held
     assert report["by_status"].get("ok", 0) > 0
