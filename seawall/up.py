@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import signal
 import sys
 import threading
@@ -32,6 +31,7 @@ from seawall.procs import ChildProcess
 from seawall_client.kafka import KafkaConfig, ensure_topics
 from seawall_client.topics import Topics
 from services.common.bus import wait_for_broker
+from services.common.secret_files import make_hex_secret
 from services.common.settings import CommonSettings
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -282,11 +282,7 @@ class Stack:
         if os.environ.get("SEAWALL_KEY_PEPPER") or os.environ.get("SEAWALL_KEY_PEPPER_FILE"):
             return None
         path = (self.options.state_dir / "pepper").resolve()
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32) + "\n")
+        if make_hex_secret(path):
             self.console.print(f"made a key pepper in {path}: keep it with the stack's Redis")
         return path
 

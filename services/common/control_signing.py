@@ -61,6 +61,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 from schemas import ControlEvent
 from seawall_client.serde import encode
+from services.common.secret_files import write_private
 from services.common.settings import CommonSettings
 
 HEADER_SIGNER: Final = "seawall-signer"
@@ -215,12 +216,6 @@ def load_signer(keys_dir: Path, role: Role) -> ControlSigner:
         raise ValueError(f"{path}: not a control signing key ({e})") from e
 
 
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
 def make_key(keys_dir: Path, role: Role, principal: str) -> ControlSigner:
     """A new private key for ``role`` signing as ``principal`` in ``keys_dir`` (which
     must not hold one already), added to ``trusted.pub``."""
@@ -230,7 +225,7 @@ def make_key(keys_dir: Path, role: Role, principal: str) -> ControlSigner:
     keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = Ed25519PrivateKey.generate()
     seed = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-    _write_private(keys_dir / f"{role}.key", f"principal {principal}\ned25519 {_b64(seed)}\n")
+    write_private(keys_dir / f"{role}.key", f"principal {principal}\ned25519 {_b64(seed)}\n")
     trust(keys_dir, [(principal, key.public_key())])
     return ControlSigner(principal, key)
 

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
-import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +35,7 @@ from typing import Final, Literal
 
 from prometheus_client import Counter
 
+from services.common.secret_files import make_hex_secret
 from services.common.settings import CommonSettings
 
 log = logging.getLogger(__name__)
@@ -102,13 +101,8 @@ def secret_file(keys_dir: Path, hop: Hop) -> Path:
 
 def make_secret(keys_dir: Path, hop: Hop) -> None:
     """A new random secret for ``hop`` in ``keys_dir`` (owner-only), if there is none."""
-    path = secret_file(keys_dir, hop)
-    if path.exists():
-        return
     keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
+    make_hex_secret(secret_file(keys_dir, hop))
 
 
 def load_key(keys_dir: Path, hop: Hop) -> HopKey:

@@ -23,11 +23,10 @@ change sides; an unkeyed hash would quietly bring the attack back.
 from __future__ import annotations
 
 import hashlib
-import os
-import secrets
 from pathlib import Path
 from typing import Final
 
+from services.common.secret_files import make_hex_secret
 from services.common.settings import CommonSettings
 
 MIN_BYTES: Final = 32
@@ -89,10 +88,4 @@ def sampling_secret(settings: CommonSettings) -> bytes:
 def make_secret(path: Path) -> bool:
     """A new random secret at ``path`` (owner-only from its first byte), unless there is
     one already; whether one was made."""
-    if path.exists():
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(MIN_BYTES) + "\n")
-    return True
+    return make_hex_secret(path, MIN_BYTES)
