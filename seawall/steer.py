@@ -36,10 +36,10 @@ from schemas import (
 )
 from seawall.reading import partitions, read_to_end
 from seawall_client.kafka import ensure_topics
-from seawall_client.serde import CONTROL, DecodeError, decode, encode
+from seawall_client.serde import CONTROL, DecodeError, decode
 from seawall_client.topics import canary_pool
 from services.common.bus import make_consumer, make_producer, topics_of
-from services.common.control_signing import signed, signer_for, verifier_for
+from services.common.control_signing import send_signed, signer_for, verifier_for
 from services.common.control_state import ControlState
 from services.common.settings import CommonSettings
 
@@ -292,16 +292,10 @@ async def publish(settings: CommonSettings, event: ControlEvent, timeout_s: floa
         raise ValueError(
             f"this operator key signs as {signer.principal!r}; the event names {event.issuer!r}"
         )
-    value = encode(event)
     producer = make_producer(settings)
     try:
         async with asyncio.timeout(timeout_s):
             await producer.start()
-            await producer.send_and_wait(
-                topics_of(settings).control,
-                value,
-                key=event.control_key.encode(),
-                headers=signed(signer, value),
-            )
+            await send_signed(producer, topics_of(settings).control, [event], signer)
     finally:
         await producer.stop()

@@ -20,7 +20,14 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from seawall_client.fetch_pacing import Dormancy
-from seawall_client.kafka import Consumer, KafkaConfig, new_admin, new_consumer, new_producer
+from seawall_client.kafka import (
+    Consumer,
+    KafkaConfig,
+    as_config,
+    new_admin,
+    new_consumer,
+    new_producer,
+)
 from seawall_client.topics import Topics
 from services.common.doorbell import Doorbell
 from services.common.offsets import OffsetTracker
@@ -162,7 +169,7 @@ async def wait_for_broker(broker: KafkaConfig | str, timeout_s: float = 30.0) ->
     """Return once the broker answers a metadata request; raise ``TimeoutError`` else.
     ``broker``: how to reach it (its TLS and SASL included), or a bare bootstrap
     string for a plaintext one (the embedded broker)."""
-    config = KafkaConfig(bootstrap=broker) if isinstance(broker, str) else broker
+    config = as_config(broker)
     bootstrap = config.bootstrap
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None

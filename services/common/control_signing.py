@@ -302,12 +302,10 @@ async def send_signed(
         value = encode(event)
         sends.append(
             await producer.send(
-                topic, value, key=event.control_key.encode(), headers=signed(signer, value)
+                topic,
+                value,
+                key=event.control_key.encode(),
+                headers=None if signer is None else signer.headers(value),
             )
         )
     await asyncio.gather(*sends)
-
-
-def signed(signer: ControlSigner | None, value: bytes) -> list[tuple[str, bytes]] | None:
-    """The headers of a control record carrying ``value`` (none where unsigned)."""
-    return None if signer is None else signer.headers(value)

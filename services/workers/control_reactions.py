@@ -20,10 +20,9 @@ from aiokafka import AIOKafkaProducer
 
 from schemas import BatchLimit, BreakerLevel, BreakerState, ControlEvent, Profile
 from seawall_client.clock import Clock
-from seawall_client.serde import encode
 from seawall_client.topics import Topics
 from services.common.consuming import retry_unavailable
-from services.common.control_signing import signed, signer_for
+from services.common.control_signing import send_signed, signer_for
 from services.common.control_state import ControlState, isolates
 from services.common.failures import Backoff
 from services.workers.engine.base import Engine
@@ -115,14 +114,8 @@ class ControlReactions:
             self.profiles.running = False
 
     async def _answer(self, event: Profile) -> None:
-        value = encode(event)
         await retry_unavailable(
-            lambda: self._producer.send_and_wait(
-                self.topics.control,
-                value,
-                key=event.control_key.encode(),
-                headers=signed(self._signer, value),
-            ),
+            lambda: send_signed(self._producer, self.topics.control, [event], self._signer),
             Backoff(),
             "worker-profile",
         )

@@ -325,7 +325,7 @@ def _unknown_topics(metadata: Any) -> set[str]:
     """The topics a metadata response says the broker does not have. Only that answer
     means deleted: a topic left out for any other error (no leader yet, the broker
     busy) is still there."""
-    return {str(t[1]) for t in metadata.topics if t[0] == _UNKNOWN_TOPIC}
+    return {str(t[1]) for t in metadata.topics if t[0] == UnknownTopicOrPartitionError.errno}
 
 
 class _NoAutoCreateClient(AIOKafkaClient):  # type: ignore[misc]
@@ -696,6 +696,12 @@ def new_consumer(
     return Consumer(*topics, pacing=pacing, dormancy=dormancy, **options)
 
 
+def as_config(broker: KafkaConfig | str) -> KafkaConfig:
+    """``broker`` as a ``KafkaConfig``: a bare bootstrap string (benchmarks and tests on
+    the embedded broker) is that address in plaintext, every other setting its default."""
+    return KafkaConfig(bootstrap=broker) if isinstance(broker, str) else broker
+
+
 def new_admin(config: KafkaConfig, **overrides: Any) -> AIOKafkaAdminClient:
     """An admin client (not started) reaching the broker as ``config`` says."""
     options: dict[str, Any] = {**connection_options(config), "request_timeout_ms": 15_000}
@@ -713,8 +719,7 @@ async def ensure_topics(
     first creates the fleet's topics, so each must ask for the same. A bare bootstrap
     string (benchmarks and tests on the embedded broker) connects in plaintext with
     replication 1. Returns the names created."""
-    if isinstance(config, str):
-        config = KafkaConfig(bootstrap=config)
+    config = as_config(config)
     if replication is None:
         replication = config.topic_replication
     admin = new_admin(config)
@@ -744,8 +749,7 @@ async def delete_topics(
     names that are gone: deleted, or absent already. A topic the broker refused to
     delete (no ``DELETE`` permission, say) is logged and left out. Both the embedded
     broker (Tansu 0.6) and Apache Kafka answer DeleteTopics."""
-    if isinstance(config, str):
-        config = KafkaConfig(bootstrap=config)
+    config = as_config(config)
     wanted = list(dict.fromkeys(names))
     if not wanted:
         return []
@@ -759,7 +763,7 @@ async def delete_topics(
             await admin.close()
     gone: list[str] = []
     for topic, code, *_ in response.topic_error_codes:
-        if code in (0, _UNKNOWN_TOPIC):
+        if code in (0, UnknownTopicOrPartitionError.errno):  # deleted, or gone already
             gone.append(topic)
         else:
             log.warning(
@@ -767,10 +771,6 @@ async def delete_topics(
                 extra={"topic": topic, "error": for_code(code).__name__},
             )
     return gone
-
-
-_UNKNOWN_TOPIC: Final = 3
-"""``UNKNOWN_TOPIC_OR_PARTITION``: the topic to delete is not there (already gone)."""
 
 
 async def start_tail(consumer: AIOKafkaConsumer, *topics: str) -> None:
