@@ -20,6 +20,21 @@ in a 20,000-request run and spent 9-10 % of its CPU there (0.46 s), against 0.05
 this threshold (``bench/admission_throughput.py``). Cycles still get collected, later."""
 
 
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The factory of the event loop ``choice`` names (``CommonSettings.event_loop``);
+    None: the standard library's. ``uvloop`` where it is not installed is an error,
+    ``auto`` then falls back on the standard loop."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise
+        return None
+    return uvloop.new_event_loop
+
+
 def run_service(name: str, settings: CommonSettings, build: Callable[[], Component]) -> int:
     """Configure logging, serve metrics on ``SEAWALL_METRICS_PORT`` if set, and run the
     component ``build`` makes (inside the event loop) until SIGTERM/SIGINT."""
@@ -45,7 +60,8 @@ def run_service(name: str, settings: CommonSettings, build: Callable[[], Compone
         return await run_until_signalled(build(), settings.shutdown_grace_s)
 
     try:
-        return asyncio.run(run())
+        with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+            return runner.run(run())
     finally:
         if metrics is not None:
             metrics.close()
