@@ -622,8 +622,12 @@ class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
         waiting looks again a fetch wait later, and one with a fetch out pauses when
         that fetch comes back empty, before the fetcher sends the next."""
         assert self._dormancy is not None
-        look_at = self._dormancy.next_look()
         fetcher = self._fetcher
+        if fetcher is None:
+            # Not started (a doorbell can ring, or subscribe, before): nothing to pause
+            # or resume yet, and its first getmany decides.
+            return
+        look_at = self._dormancy.next_look()
         if awake:
             if self._asleep:
                 self._asleep = False

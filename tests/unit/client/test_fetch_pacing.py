@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -127,3 +129,26 @@ def test_dormancy_refuses_nonsense() -> None:
         Dormancy(awake_ms=0)
     with pytest.raises(ValueError, match="positive"):
         Dormancy(awake_ms=10, peek_s=0)
+
+
+async def test_a_consumer_woken_before_it_starts_does_not_fail_its_look() -> None:
+    """A doorbell subscribes, and wakes its consumers, as soon as it learns their
+    topics, which can be before a consumer has started (and has a fetcher): the look
+    the wake schedules used to raise in the event loop then (``fetcher._records`` on
+    None, seen in admission's log under load)."""
+    from seawall_client.fetch_pacing import Dormancy
+    from seawall_client.kafka import KafkaConfig, new_consumer
+
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    try:
+        consumer = new_consumer(
+            KafkaConfig(bootstrap="127.0.0.1:9"), "llm.requests.high", dormancy=Dormancy(5)
+        )
+        consumer.wake()
+        consumer._look_again()
+        await asyncio.sleep(0.05)
+    finally:
+        loop.set_exception_handler(None)
+    assert errors == []
