@@ -343,6 +343,11 @@ class Span:
         if self._open:
             self._attributes.update(attributes)
 
+    def discard(self) -> None:
+        """Close the span without recording it (a request that turned out not worth a
+        trace: ingress's refusals at the gate)."""
+        self._open = False
+
     def end(self, end_ns: int | None = None) -> None:
         if not self._open:
             return

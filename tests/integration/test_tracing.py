@@ -113,3 +113,45 @@ async def test_nothing_is_recorded_or_sent_without_a_sink(settings: CommonSettin
     child = tracer.start("ingress.publish", parent)
     assert child.context == parent
     assert not child.recording
+
+
+async def test_a_refusal_at_the_gate_leaves_no_spans_and_a_later_one_does(
+    settings: CommonSettings, trace_sink: tracing.MemorySink
+) -> None:
+    """A flood of bad keys or oversized bodies must not write a trace per refusal; a
+    request refused once its tenant is known (here: a malformed body) keeps its trace,
+    with the stages it went through."""
+    ingress = IngressService(ingress_settings(settings))
+    async with started(ingress):
+        key = await new_key(ingress.keystore, "traced-co", Tier.PRO)
+        good = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{ingress.port}", timeout=30
+        ) as http:
+            gate = [
+                await http.post(
+                    "/v1/chat/completions",
+                    json=good,
+                    headers={"Authorization": "Bearer sk-sw-000000000000_" + "x" * 43},
+                ),
+                await http.post(
+                    "/v1/chat/completions",
+                    content=b"x" * (ingress.settings.max_request_bytes + 1),
+                    headers={"Authorization": f"Bearer {key}"},
+                ),
+            ]
+            screened = await http.post(
+                "/v1/chat/completions",
+                content=b"{not json",
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            )
+    assert [r.status_code for r in gate] == [401, 413]
+    assert screened.status_code == 400
+    tracing.flush()
+    roots = {s.attributes.get("request_id"): s for s in trace_sink.spans if s.name == tracing.ROOT}
+    for response in gate:
+        assert response.headers["x-request-id"] not in roots
+    root = roots[screened.headers["x-request-id"]]
+    assert root.attributes["refused"]
+    children = {s.name for s in trace_sink.spans if s.parent_id == root.span_id}
+    assert children == {"ingress.receive", "ingress.authenticate", "ingress.screen"}
