@@ -7,6 +7,7 @@ request sent got exactly one answer throughout."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -85,7 +86,14 @@ def test_a_failing_canary_gets_its_share_then_is_rolled_back_with_an_alert(
         alerts = stack.cli("alerts").stdout
         events = stack.cli("events", "--kind", "traffic_split").stdout
     assert set(during) <= {200, 502}, during  # every request answered: served, or failed
-    assert during.count(502) >= 3, during  # the canary took its share, and failed it
+    # The canary took its share and failed it: the controller's own count of the canary's
+    # answers (the rollback's error rate) is the evidence. The clients' 502s were the
+    # witness before and proved a poor one: how many land in `during` depends on how many
+    # requests the canary got before the status poll saw the rollback, and it came out
+    # under 3 in two runs.
+    rates = [float(r) for r in re.findall(r"error rate (\d+(?:\.\d+)?)% above", events)]
+    assert rates, events
+    assert max(rates) > 2.0, events
     assert served == [200] * 24  # rolled back: the pool's own worker serves everything
     assert "canary_rollback" in alerts
     assert "error rate" in events
