@@ -14,7 +14,8 @@ certificate does not carry, get nowhere.
 
 The SASL test runs Tansu with ``--authentication``, which works up to a point: no SCRAM
 user can exist there (its credential store drops what it is given), so it shows the
-exchange the broker answers, not a login.
+exchange the broker answers, not a login; ``test_kafka_sasl`` shows the logins, against
+a SASL front (``tests.sasl_proxy``).
 """
 
 from __future__ import annotations
