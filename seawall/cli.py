@@ -395,6 +395,23 @@ def control_keys(
     typer.echo((keys_dir / TRUSTED_FILE).read_text(), nl=False)
 
 
+@app.command("redis-acl")
+def redis_acl(
+    directory: Annotated[Path, typer.Argument(help="Where the ACL file and passwords go.")],
+    prefix: Annotated[
+        str, typer.Option(help="The services' SEAWALL_REDIS_PREFIX: their keys' prefix.")
+    ] = "seawall:",
+) -> None:
+    """Make Redis ACL users for a shared Redis (seawall.redis_acl): 'default' off,
+    'seawall' for the services (keys and channels under the prefix only, no admin or
+    dangerous commands) and 'admin'. Passwords are made where missing; start Redis with
+    --aclfile DIR/users.acl and give the services SEAWALL_REDIS_USERNAME=seawall and
+    SEAWALL_REDIS_PASSWORD_FILE=DIR/seawall.password."""
+    from seawall.redis_acl import write_acl
+
+    typer.echo(write_acl(directory, prefix))
+
+
 app.add_typer(keys_app, name="keys", help="Create, list, rotate and revoke API keys.")
 app.add_typer(quota_app, name="quota", help="Change a tenant's quota while the fleet runs.")
 app.add_typer(region_app, name="region", help="Throttle a client region while the fleet runs.")

@@ -47,7 +47,7 @@ def doorbell_for(settings: CommonSettings) -> Doorbell | None:
     """This event loop's doorbell where ``kafka_doorbell`` is on."""
     if not settings.kafka_doorbell:
         return None
-    return Doorbell.shared(settings.redis_url, settings.redis_prefix)
+    return Doorbell.shared(settings.redis_url, settings.redis_prefix, settings.redis_credentials)
 
 
 def make_producer(settings: CommonSettings, **overrides: Any) -> AIOKafkaProducer:

@@ -62,8 +62,11 @@ class Doorbell:
         weakref.WeakValueDictionary[tuple[str, str, asyncio.AbstractEventLoop], Doorbell]
     ] = weakref.WeakValueDictionary()
 
-    def __init__(self, redis_url: str, prefix: str) -> None:
+    def __init__(
+        self, redis_url: str, prefix: str, credentials: dict[str, str] | None = None
+    ) -> None:
         self._redis_url = redis_url
+        self._credentials = credentials or {}
         self._prefix = f"{prefix}doorbell:"
         self._redis: aioredis.Redis | None = None
         self._pending: set[str] = set()
@@ -76,12 +79,15 @@ class Doorbell:
         self._last_warning = -WARN_EVERY_S
 
     @classmethod
-    def shared(cls, redis_url: str, prefix: str) -> Doorbell:
-        """This event loop's doorbell for ``redis_url`` and ``prefix``."""
+    def shared(
+        cls, redis_url: str, prefix: str, credentials: dict[str, str] | None = None
+    ) -> Doorbell:
+        """This event loop's doorbell for ``redis_url`` and ``prefix``, logged in with
+        ``credentials`` (``CommonSettings.redis_credentials``)."""
         key = (redis_url, prefix, asyncio.get_running_loop())
         found = cls._instances.get(key)
         if found is None:
-            found = cls._instances[key] = cls(redis_url, prefix)
+            found = cls._instances[key] = cls(redis_url, prefix, credentials)
         return found
 
     def _client(self) -> aioredis.Redis:
@@ -90,7 +96,11 @@ class Doorbell:
             # the subscribers of every node (the cluster bus carries it).
             url = cluster_node_url(self._redis_url) or self._redis_url
             self._redis = aioredis.Redis.from_url(
-                url, socket_timeout=1.0, socket_connect_timeout=1.0
+                url,
+                socket_timeout=1.0,
+                socket_connect_timeout=1.0,
+                username=self._credentials.get("username"),
+                password=self._credentials.get("password"),
             )
         return self._redis
 

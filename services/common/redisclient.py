@@ -7,6 +7,7 @@
 - Connect and socket timeouts of ``redis_timeout_s``: a Redis that stops answering
   costs a caller that long, then counts as unavailable (``failures.is_infrastructure``).
 - One immediate retry, for a pooled connection that a Redis restart closed.
+- The ACL user and password of ``redis_username`` and ``redis_password_file``, where set.
 - A Redis Cluster when the URL says so: ``redis+cluster://host:port`` (or
   ``rediss+cluster://``), any node of it. Every key a script or a transaction touches
   together carries one hash tag (``topics.RedisKeys``), and batches of independent
@@ -42,6 +43,7 @@ def make_redis(settings: CommonSettings) -> aioredis.Redis:
     if node is not None:
         cluster = RedisCluster.from_url(
             node,
+            **settings.redis_credentials,
             max_connections=settings.redis_max_connections,
             socket_timeout=settings.redis_timeout_s,
             socket_connect_timeout=settings.redis_timeout_s,
@@ -51,6 +53,7 @@ def make_redis(settings: CommonSettings) -> aioredis.Redis:
         return cast(aioredis.Redis, cluster)
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url,
+        **settings.redis_credentials,
         max_connections=settings.redis_max_connections,
         timeout=settings.redis_timeout_s,
         socket_timeout=settings.redis_timeout_s,

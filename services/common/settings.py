@@ -60,6 +60,14 @@ class CommonSettings(BaseSettings):
     redis_url: str = Field(default=DEFAULT_REDIS_URL, repr=False)
     """Left out of the settings' ``repr``: it may hold Redis's password
     (``redis://:<password>@host``)."""
+    redis_username: str | None = Field(default=None, max_length=128)
+    """The Redis ACL user this process logs in as (``AUTH <user> <password>``); unset:
+    Redis's ``default`` user. compose/ gives every service the ``seawall`` user, whose
+    ACL reaches only keys and channels under ``redis_prefix`` (SECURITY.md)."""
+    redis_password_file: Path | None = None
+    """A file holding that user's password (its first line): a secret, never put in an
+    environment variable or a URL where ``ps`` and crash reports can read it. Not
+    together with a password in ``redis_url``."""
     redis_prefix: str = Field(default="seawall:", max_length=64)
     redis_timeout_s: float = Field(default=1.0, gt=0, le=60)
     """Connect and socket timeout of every Redis call; a Redis slower than this counts
@@ -158,8 +166,27 @@ class CommonSettings(BaseSettings):
             ssl_keyfile=self.kafka_ssl_keyfile,
         )
 
+    @property
+    def redis_credentials(self) -> dict[str, str]:
+        """The ``username`` and ``password`` keywords of every Redis client this process
+        makes (none where neither is set: the URL's, if any, apply). Read from the file
+        at each call: a rotated password is taken by the next client built."""
+        out: dict[str, str] = {}
+        if self.redis_username is not None:
+            out["username"] = self.redis_username
+        if self.redis_password_file is not None:
+            lines = self.redis_password_file.read_text().splitlines()
+            if not lines or not lines[0].strip():
+                raise ValueError(f"{self.redis_password_file}: no password in it")
+            out["password"] = lines[0].strip()
+        return out
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        if self.redis_password_file is not None and _url_password(self.redis_url):
+            raise ValueError(
+                "redis_password_file and a password in redis_url: give the password once"
+            )
         if self.redis_fanout >= self.redis_max_connections:
             raise ValueError("redis_fanout must be below redis_max_connections")
         if 3 * self.consumer_heartbeat_ms > self.consumer_session_timeout_ms:
@@ -193,6 +220,8 @@ class CommonSettings(BaseSettings):
         "trace_dir",
         "control_keys_dir",
         "sampling_secret_file",
+        "redis_username",
+        "redis_password_file",
         mode="before",
     )
     @classmethod
@@ -207,3 +236,11 @@ class CommonSettings(BaseSettings):
 
 def _revealed(secret: SecretStr | None) -> str | None:
     return None if secret is None else secret.get_secret_value()
+
+
+def _url_password(url: str) -> bool:
+    """Whether a Redis URL carries a password (``redis://[user]:<password>@host``)."""
+    from urllib.parse import urlsplit
+
+    _, _, rest = url.partition("://")
+    return bool(rest) and urlsplit(f"redis://{rest}").password is not None

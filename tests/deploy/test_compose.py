@@ -236,7 +236,7 @@ def test_the_key_pepper_is_a_secret_from_a_file_git_ignores() -> None:
     compose = load()
     assert compose["secrets"]["key_pepper"] == {"file": "./secrets/key_pepper"}
     ingress = compose["services"]["ingress"]
-    assert ingress["secrets"][0] == "key_pepper"
+    assert "key_pepper" in ingress["secrets"]
     assert environment(ingress)["SEAWALL_KEY_PEPPER_FILE"] == "/run/secrets/key_pepper"
     ignored = (ROOT / ".gitignore").read_text().split()
     assert "compose/secrets/" in ignored
@@ -264,10 +264,51 @@ def test_each_service_gets_only_the_keys_of_its_roles_and_hops() -> None:
             expected[f"{keys_dir}/dispatch.hmac"] = "hop_dispatch"
         if name == "admission":
             expected[f"{keys_dir}/requests.hmac"] = "hop_requests"
+        if role != "controller":  # the controller needs no Redis here (next tests)
+            expected[REDIS_PASSWORD] = "redis_password"
         assert mounted == expected, name
     # Ingress follows no control event: of the keys, the requests hop's secret only.
     ingress = compose["services"]["ingress"]["secrets"]
-    assert ingress[1:] == [{"source": "hop_requests", "target": f"{keys_dir}/requests.hmac"}]
+    assert {"source": "hop_requests", "target": f"{keys_dir}/requests.hmac"} in ingress
+    assert len(ingress) == 3  # that, the pepper and Redis's password
+
+
+REDIS_PASSWORD = "/run/secrets/redis_password"
+
+
+def test_redis_admits_only_logged_in_users_and_the_services_log_in() -> None:
+    """Redis runs with `seawall redis-acl`'s file (its default user off), on the host's
+    loopback only; every service that uses Redis logs in as `seawall` with the password
+    from a secret file; the controller, whose only use of Redis is the embedded broker's
+    doorbell (off here), gets no password."""
+    compose = load()
+    redis = compose["services"]["redis"]
+    command = redis["command"]
+    assert command[command.index("--aclfile") + 1] == "/run/secrets/redis_acl"
+    assert compose["secrets"]["redis_acl"] == {"file": "./secrets/redis/users.acl"}
+    assert compose["secrets"]["redis_password"] == {"file": "./secrets/redis/seawall.password"}
+    assert redis["ports"] == ["127.0.0.1:6379:6379"]
+    health = " ".join(redis["healthcheck"]["test"])
+    assert "--user seawall" in health
+    assert REDIS_PASSWORD in health
+    for name, service in seawall_services(compose).items():
+        env = environment(service)
+        sources = [s["source"] if isinstance(s, dict) else s for s in service.get("secrets", [])]
+        if module_of(service) == "services.controller":
+            assert "SEAWALL_REDIS_PASSWORD_FILE" not in env, name
+            assert "redis_password" not in sources, name
+            assert env.get("SEAWALL_KAFKA_DOORBELL", "false") == "false", name
+            continue
+        assert env["SEAWALL_REDIS_USERNAME"] == "seawall", name
+        assert env["SEAWALL_REDIS_PASSWORD_FILE"] == REDIS_PASSWORD, name
+        assert {"source": "redis_password", "target": REDIS_PASSWORD} in service["secrets"], name
+
+
+def test_nothing_but_ingress_is_published_beyond_the_hosts_loopback() -> None:
+    for name, service in load()["services"].items():
+        for port in service.get("ports", []):
+            if name != "ingress":
+                assert str(port).startswith("127.0.0.1:"), (name, port)
 
 
 SAMPLING_TARGET = "/run/secrets/sampling_secret"

@@ -316,6 +316,50 @@ def test_admission_and_the_workers_read_one_sampling_secret_from_a_secret(overla
     )
 
 
+REDIS_SECRET = "seawall-redis"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_services_that_use_redis_log_in_with_a_password_from_a_secret(overlay: str) -> None:
+    """Ingress, admission and the workers log in to Redis as its `seawall` ACL user
+    (``seawall redis-acl``), the password read from the Secret seawall-redis; the
+    controller, which needs Redis only for the embedded broker's doorbell, gets none."""
+    objects = render(overlay)
+    users = {"ingress", "admission", "worker-main", "worker-small"}
+    for d in seawall_deployments(objects):
+        name = d["metadata"]["name"]
+        env = env_of(d, objects)
+        volumes = d["spec"]["template"]["spec"]["volumes"]
+        if name not in users:
+            assert "SEAWALL_REDIS_PASSWORD_FILE" not in env, name
+            assert REDIS_SECRET not in str(volumes), name
+            continue
+        assert env["SEAWALL_REDIS_USERNAME"] == "seawall", name
+        path = Path(env["SEAWALL_REDIS_PASSWORD_FILE"])
+        (mount,) = [m for m in container(d)["volumeMounts"] if Path(m["mountPath"]) == path.parent]
+        assert mount["readOnly"] is True, name
+        (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"] == REDIS_SECRET, name
+        assert volume["secret"]["items"] == [{"key": path.name, "path": path.name}], name
+    assert {d["metadata"]["name"] for d in seawall_deployments(objects)} >= users
+
+
+def test_the_sim_overlays_redis_admits_only_the_acl_files_users() -> None:
+    redis = one(render("sim"), "Deployment", "redis")
+    pod = redis["spec"]["template"]["spec"]
+    command = container(redis)["command"]
+    acl = Path(command[command.index("--aclfile") + 1])
+    (mount,) = [m for m in container(redis)["volumeMounts"] if Path(m["mountPath"]) == acl.parent]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == REDIS_SECRET
+    assert volume["secret"]["items"] == [{"key": acl.name, "path": acl.name}]
+    # Secret files belong to root: the redis user reads it through its group.
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+    assert volume["secret"]["defaultMode"] & 0o040
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    assert f"create secret generic {REDIS_SECRET}" in readme
+
+
 def test_the_sim_overlay_runs_simulated_workers_beside_its_own_kafka_and_redis() -> None:
     objects = render("sim")
     for d in seawall_deployments(objects):
