@@ -23,10 +23,12 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from scramp import ScramException, ScramMechanism
+
+from tests.relays import RelayServer, pipe
 
 API_VERSIONS = 18
 SASL_HANDSHAKE = 17
@@ -125,55 +127,32 @@ def auth_bytes(request: Request) -> bytes:
     return request.body[4 : 4 + size]
 
 
-@dataclass
-class SaslFront:
+class SaslFront(RelayServer):
     """Listens on ``port``; a client that logs in as one of ``users`` (name to
     password) is relayed to the broker on ``upstream``. ``logins`` counts the logins
     by (mechanism, user); ``refusals`` the connections cut off, by reason."""
 
-    port: int
-    upstream: int
-    users: dict[str, str]
-    logins: Counter[tuple[str, str]] = field(default_factory=Counter)
-    refusals: Counter[str] = field(default_factory=Counter)
-    _server: asyncio.Server | None = None
-    _relays: set[asyncio.Task[None]] = field(default_factory=set)
-    _auth_info: dict[str, dict[str, tuple[bytes, bytes, bytes, int]]] = field(default_factory=dict)
-
-    async def __aenter__(self) -> SaslFront:
-        for name in SCRAM:
-            mechanism = ScramMechanism(name)
-            self._auth_info[name] = {
-                user: mechanism.make_auth_info(password, iteration_count=4096)
-                for user, password in self.users.items()
+    def __init__(self, port: int, upstream: int, users: dict[str, str]) -> None:
+        super().__init__(port)
+        self.upstream = upstream
+        self.logins: Counter[tuple[str, str]] = Counter()
+        self.refusals: Counter[str] = Counter()
+        self._auth_info = {
+            name: {
+                user: ScramMechanism(name).make_auth_info(password, iteration_count=4096)
+                for user, password in users.items()
             }
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        return self
+            for name in SCRAM
+        }
+        self._users = users
 
-    async def __aexit__(self, *_: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for relay in list(self._relays):
-            relay.cancel()
-        await asyncio.gather(*self._relays, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._relays.add(task)
-        up_writer: asyncio.StreamWriter | None = None
+    async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
             if await self._login(reader, writer, up_reader, up_writer):
-                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+                await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         finally:
-            self._relays.discard(task)
-            writer.close()
-            if up_writer is not None:
-                up_writer.close()
+            up_writer.close()
 
     async def _login(
         self,
@@ -211,7 +190,7 @@ class SaslFront:
             token = auth_bytes(request)
             if mechanism == "PLAIN":
                 _, user, password = token.decode().split("\x00")
-                if self.users.get(user) != password:
+                if self._users.get(user) != password:
                     return self._fail(writer, request, "PLAIN")
                 _send(writer, authenticate_response(request, b""))
                 self.logins[("PLAIN", user)] += 1
@@ -260,14 +239,3 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
 
 def _send(writer: asyncio.StreamWriter, payload: bytes) -> None:
     writer.write(struct.pack(">i", len(payload)) + payload)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()

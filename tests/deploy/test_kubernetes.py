@@ -72,6 +72,17 @@ def env_of(deployment: Obj, objects: list[Obj]) -> dict[str, str]:
     return env
 
 
+def secret_file_volume(d: Obj, path: Path) -> Obj:
+    """The volume ``d`` mounts read-only at ``path``'s folder, holding that one file of
+    a Secret (the caller checks which)."""
+    (mount,) = [m for m in container(d)["volumeMounts"] if Path(m["mountPath"]) == path.parent]
+    assert mount["readOnly"] is True, d["metadata"]["name"]
+    volumes = d["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+    assert volume["secret"]["items"] == [{"key": path.name, "path": path.name}]
+    return volume
+
+
 def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
@@ -303,12 +314,8 @@ def test_admission_and_the_workers_read_one_sampling_secret_from_a_secret(overla
             assert "SEAWALL_SAMPLING_SECRET_FILE" not in env, name
             assert SAMPLING_SECRET not in str(volumes), name
             continue
-        path = Path(env["SEAWALL_SAMPLING_SECRET_FILE"])
-        (mount,) = [m for m in container(d)["volumeMounts"] if Path(m["mountPath"]) == path.parent]
-        assert mount["readOnly"] is True, name
-        (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+        volume = secret_file_volume(d, Path(env["SEAWALL_SAMPLING_SECRET_FILE"]))
         assert volume["secret"]["secretName"] == SAMPLING_SECRET, name
-        assert volume["secret"]["items"] == [{"key": path.name, "path": path.name}], name
     assert {d["metadata"]["name"] for d in seawall_deployments(objects)} >= sampling
     assert (
         f"--from-file={SAMPLING_FILE}={SAMPLING_FILE}"
@@ -335,12 +342,8 @@ def test_the_services_that_use_redis_log_in_with_a_password_from_a_secret(overla
             assert REDIS_SECRET not in str(volumes), name
             continue
         assert env["SEAWALL_REDIS_USERNAME"] == "seawall", name
-        path = Path(env["SEAWALL_REDIS_PASSWORD_FILE"])
-        (mount,) = [m for m in container(d)["volumeMounts"] if Path(m["mountPath"]) == path.parent]
-        assert mount["readOnly"] is True, name
-        (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+        volume = secret_file_volume(d, Path(env["SEAWALL_REDIS_PASSWORD_FILE"]))
         assert volume["secret"]["secretName"] == REDIS_SECRET, name
-        assert volume["secret"]["items"] == [{"key": path.name, "path": path.name}], name
     assert {d["metadata"]["name"] for d in seawall_deployments(objects)} >= users
 
 
@@ -348,11 +351,8 @@ def test_the_sim_overlays_redis_admits_only_the_acl_files_users() -> None:
     redis = one(render("sim"), "Deployment", "redis")
     pod = redis["spec"]["template"]["spec"]
     command = container(redis)["command"]
-    acl = Path(command[command.index("--aclfile") + 1])
-    (mount,) = [m for m in container(redis)["volumeMounts"] if Path(m["mountPath"]) == acl.parent]
-    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    volume = secret_file_volume(redis, Path(command[command.index("--aclfile") + 1]))
     assert volume["secret"]["secretName"] == REDIS_SECRET
-    assert volume["secret"]["items"] == [{"key": acl.name, "path": acl.name}]
     # Secret files belong to root: the redis user reads it through its group.
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
     assert volume["secret"]["defaultMode"] & 0o040

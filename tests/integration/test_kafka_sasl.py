@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from seawall import embedded
@@ -29,7 +28,6 @@ from seawall_client.kafka import (
     close,
     ensure_topics,
     new_admin,
-    new_consumer,
     new_producer,
 )
 from seawall_client.topics import TopicSpec
@@ -43,6 +41,7 @@ from tests.integration.test_kafka_security import (
     tansu,
 )
 from tests.pki import Pki, make_pki
+from tests.relays import read_one
 from tests.sasl_proxy import SaslFront
 
 pytestmark = pytest.mark.integration
@@ -81,19 +80,6 @@ def sasl_env(port: int, user: str, mechanism: str = "SCRAM-SHA-512") -> dict[str
     }
 
 
-async def read_one(config: KafkaConfig, topic: str) -> tuple[bytes | None, bytes | None]:
-    consumer = new_consumer(config, group_id=None)
-    try:
-        await consumer.start()
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        record = await asyncio.wait_for(consumer.getone(), timeout=20)
-    finally:
-        await close(consumer)
-    return record.key, record.value
-
-
 async def test_scram_credentials_from_env_carry_a_record(tmp_path: Path) -> None:
     async with sasl_broker(tmp_path) as (port, front):
         config = KafkaConfig.from_env(sasl_env(port, "svc-ingress"))
@@ -105,7 +91,8 @@ async def test_scram_credentials_from_env_carry_a_record(tmp_path: Path) -> None
             await producer.send_and_wait(topic, b"logged in", key=b"k")
         finally:
             await close(producer)
-        assert await read_one(config, topic) == (b"k", b"logged in")
+        record = await read_one(config, topic)
+        assert (record.key, record.value) == (b"k", b"logged in")
     # The admin, the producer and the consumer each logged in, some more than once
     # (a connection per broker role).
     assert front.logins[("SCRAM-SHA-512", "svc-ingress")] >= 3
@@ -178,7 +165,8 @@ async def test_the_readmes_confluent_kafka_producer_logs_in_over_sasl_ssl(
         )
         assert await asyncio.to_thread(producer.flush, 30) == 0
         assert delivered == [None]  # no delivery error
-        assert await read_one(reader, topic) == (b"k", b"from confluent")
+        record = await read_one(reader, topic)
+        assert (record.key, record.value) == (b"k", b"from confluent")
     assert front.logins[("SCRAM-SHA-512", "producer-acme")] >= 1
 
 
@@ -218,4 +206,5 @@ async def test_the_controllers_faust_producer_logs_in(tmp_path: Path) -> None:
         finally:
             await app.producer.stop()
         assert front.logins[("SCRAM-SHA-512", "svc-ingress")] > before  # faust's own login
-        assert await read_one(settings.kafka, topic) == (b"k", b"from faust")
+        record = await read_one(settings.kafka, topic)
+        assert (record.key, record.value) == (b"k", b"from faust")

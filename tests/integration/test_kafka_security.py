@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import TopicPartition
 from aiokafka.conn import ScramAuthenticator
 from aiokafka.errors import KafkaConnectionError
 
@@ -42,7 +41,6 @@ from seawall_client.kafka import (
     close,
     ensure_topics,
     new_admin,
-    new_consumer,
     new_producer,
 )
 from seawall_client.topics import TopicSpec
@@ -50,6 +48,7 @@ from services.common.bus import wait_for_broker
 from services.controller.faust_app import build_app
 from services.controller.settings import ControllerSettings
 from tests.pki import Pki, make_pki
+from tests.relays import RelayServer, pipe, read_one
 
 API_KEY = "sk-sw-0123456789ab_" + "S" * 43
 
@@ -90,54 +89,19 @@ def tansu(work: Path, *flags: str, advertised_port: int | None = None) -> Iterat
         proc.stop()
 
 
-class TlsTerminator:
+class TlsTerminator(RelayServer):
     """Serves TLS on ``port`` with ``context`` and relays each connection, decrypted,
     to the broker on ``upstream``. Counts the handshakes it completed."""
 
     def __init__(self, port: int, upstream: int, context: ssl.SSLContext) -> None:
-        self.port = port
+        super().__init__(port, context)
         self.upstream = upstream
-        self.context = context
         self.handshakes = 0
-        self._server: asyncio.Server | None = None
-        self._relays: set[asyncio.Task[None]] = set()
 
-    async def __aenter__(self) -> TlsTerminator:
-        self._server = await asyncio.start_server(
-            self._accept, "127.0.0.1", self.port, ssl=self.context
-        )
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for relay in list(self._relays):
-            relay.cancel()
-        await asyncio.gather(*self._relays, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.handshakes += 1  # the server calls back once the handshake succeeded
-        task = asyncio.current_task()
-        assert task is not None
-        self._relays.add(task)
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        finally:
-            self._relays.discard(task)
-            writer.close()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, ssl.SSLError):
-        pass
-    finally:
-        writer.close()
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
 def server_context(pki: Pki, *, client_ca: Path | None = None) -> ssl.SSLContext:
@@ -190,18 +154,12 @@ async def test_tls_settings_from_env_carry_a_record_through_a_verified_tls_conne
         topic = f"secure-{uuid.uuid4().hex[:8]}"
         assert await ensure_topics(config, [TopicSpec(topic, 1)]) == [topic]
         producer = new_producer(config)
-        consumer = new_consumer(config, group_id=None)
         try:
             await producer.start()
             await producer.send_and_wait(topic, b"over tls", key=b"k")
-            await consumer.start()
-            tp = TopicPartition(topic, 0)
-            consumer.assign([tp])
-            await consumer.seek_to_beginning(tp)
-            record = await asyncio.wait_for(consumer.getone(), timeout=20)
         finally:
             await close(producer)
-            await close(consumer)
+        record = await read_one(config, topic)
         assert (record.key, record.value) == (b"k", b"over tls")
         assert terminator.handshakes >= 2  # every client came through TLS
 
@@ -308,15 +266,7 @@ async def test_the_controllers_faust_producer_writes_through_tls(tmp_path: Path,
             await app.producer.send_and_wait(topic, b"k", b"from faust", None, None, None)
         finally:
             await app.producer.stop()
-        consumer = new_consumer(settings.kafka, group_id=None)
-        try:
-            await consumer.start()
-            tp = TopicPartition(topic, 0)
-            consumer.assign([tp])
-            await consumer.seek_to_beginning(tp)
-            record = await asyncio.wait_for(consumer.getone(), timeout=20)
-        finally:
-            await close(consumer)
+        record = await read_one(settings.kafka, topic)
         assert record.value == b"from faust"
 
 
