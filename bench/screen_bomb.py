@@ -431,6 +431,12 @@ async def main() -> None:
     parser.add_argument("--duration", type=float, default=15.0, help="seconds a phase")
     parser.add_argument("--kind-duration", type=float, default=10.0, help="per kind")
     parser.add_argument("--profile-s", type=float, default=10.0, help="0: no profile")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        help="NAME=VALUE for the ingress process (repeatable), e.g. SEAWALL_EVENT_LOOP=asyncio",
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -445,6 +451,7 @@ async def main() -> None:
     async with embedded_broker(work) as bootstrap:
         tag = uuid.uuid4().hex[:8]
         env = ingress_env(bootstrap, args.redis_url, tag, free_port())
+        env.update(pair.split("=", 1) for pair in args.env)
         settings = IngressSettings.model_validate(
             {
                 k.removeprefix("SEAWALL_").lower(): v
@@ -522,6 +529,7 @@ async def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "commit": commit(),
         "machine": machine(load_before, broker="embedded (Tansu, memory storage)"),
+        "ingress_env": dict(pair.split("=", 1) for pair in args.env),
         "rate_per_s": args.rate,
         "bomb_rate_per_s": args.bomb_rate,
         "bomb_cpu_ms_per_request": bomb_cpu,
