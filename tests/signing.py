@@ -53,12 +53,15 @@ def _hop(keys_dir: Path, hop: Hop) -> HopKey:
 
 
 def hop_of(settings: CommonSettings, topic: str) -> Hop | None:
-    """Which signed hop ``topic`` is (a priority or a dispatch topic), if any."""
+    """Which signed hop ``topic`` is (a priority, a dispatch or the quota-hint topic), if
+    any."""
     topics = topics_of(settings)
     if topic in {topics.requests(p) for p in Priority}:
         return "requests"
     if topic.startswith(topics.dispatch("")):
         return "dispatch"
+    if topic == topics.quota_hints:
+        return "hints"
     return None
 
 
@@ -66,8 +69,8 @@ def headers_for(
     settings: CommonSettings, topic: str, value: bytes | None
 ) -> list[tuple[str, bytes]] | None:
     """The headers its producer would sign a record on ``topic`` with: a control event
-    as its issuer, a request on a priority topic as ingress, a dispatch as admission;
-    none on any other topic, or where signatures are off."""
+    as its issuer, a request on a priority topic as ingress, a dispatch or a quota hint
+    as admission; none on any other topic, or where signatures are off."""
     if settings.control_keys_dir is None or settings.control_signatures == "off":
         return None
     if topic == topics_of(settings).control:

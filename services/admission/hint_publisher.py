@@ -23,6 +23,7 @@ from services.admission.policy.hints import HintThrottle, clear_hint, hint_for
 from services.admission.policy.overrides import override_terms, quota_override
 from services.common.control_state import ControlState
 from services.common.failures import is_infrastructure
+from services.common.hop_signing import HopKey
 
 
 class HintPublisher:
@@ -35,8 +36,11 @@ class HintPublisher:
         control: ControlState,
         clock: Clock,
         finish: Callable[[Coroutine[Any, Any, Any]], None],
+        hop: HopKey | None = None,
     ) -> None:
+        """``hop``: MACs each hint for ingress (``hop_signing``, the ``hints`` hop)."""
         self._producer = producer
+        self._hop = hop
         self._topic = topic
         self._control = control
         self._clock = clock
@@ -63,7 +67,9 @@ class HintPublisher:
         """Queue a hint (not awaited for its ack; skipped while the broker is
         unavailable: a lost hint only sends the tenant's next requests here)."""
         try:
-            await self._producer.send(self._topic, encode(hint), key=hint.tenant.encode())
+            value = encode(hint)
+            headers = None if self._hop is None else self._hop.headers(self._topic, value)
+            await self._producer.send(self._topic, value, key=hint.tenant.encode(), headers=headers)
         except Exception as e:
             if not is_infrastructure(e):
                 raise

@@ -137,7 +137,12 @@ class Admission(Component):
             self._replies, self._dead_letters, self.offsets, self._corrections, clock, self._finish
         )
         hints = HintPublisher(
-            self._producer, self.topics.quota_hints, self.control, clock, self._finish
+            self._producer,
+            self.topics.quota_hints,
+            self.control,
+            clock,
+            self._finish,
+            hop=hop_key_for(settings, "hints"),
         )
         self._dispatcher = Dispatcher(
             interval_s=settings.dispatch_interval_s,

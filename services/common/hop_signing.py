@@ -1,6 +1,7 @@
 """Signed hops inside the bus: a record on a priority topic (``llm.requests.*``) carries
 ingress's MAC, a record on a dispatch topic (``llm.dispatch.*``) admission's (or a
-worker's, for a shadow), and the consumer checks it before acting on the record.
+worker's, for a shadow), a quota hint (``llm.quota.hints``) admission's, and the
+consumer checks it before acting on the record.
 
 Without it, anyone who can produce to those topics skips every check at the edge: a
 record on ``llm.requests.vip`` is admitted as VIP for whatever tenant it names, one on a
@@ -12,12 +13,14 @@ that the record past the edge was written by the service whose hop it is.
 bytes. The topic is inside the MAC, so a record cannot be moved to another priority or
 pool. One secret per hop, 32 random bytes in hex, in the keys directory
 (``SEAWALL_CONTROL_KEYS_DIR``, beside the control keys): ``requests.hmac`` (ingress
-writes, admission reads) and ``dispatch.hmac`` (admission and the workers write, the
-workers read). An HMAC rather than a signature: it is one keyed hash a record (a couple
-of microseconds for a request's bytes, against 40 µs to sign and 130 µs to check
-Ed25519 on this machine), and each secret is shared only by the two sides of its hop, so
-a compromised worker cannot forge what admission reads. A worker can forge a dispatch
-(the workers write shadows): it already serves whatever is dispatched to it.
+writes, admission reads), ``dispatch.hmac`` (admission and the workers write, the
+workers read) and ``hints.hmac`` (admission writes, ingress reads: a forged hint would
+refuse a tenant at the edge until it expires). An HMAC rather than a signature: it is
+one keyed hash a record (a couple of microseconds for a request's bytes, against 40 µs
+to sign and 130 µs to check Ed25519 on this machine), and each secret is shared only by
+the two sides of its hop, so a compromised worker cannot forge what admission reads. A
+worker can forge a dispatch (the workers write shadows): it already serves whatever is
+dispatched to it.
 
 A record that fails is no request: it is counted (``seawall_hop_refused_total``),
 logged at most every 10 s, and skipped without a dead letter (its producer is not a
@@ -41,13 +44,13 @@ from services.common.settings import CommonSettings
 log = logging.getLogger(__name__)
 
 HEADER: Final = "seawall-hop-mac"
-Hop = Literal["requests", "dispatch"]
-HOPS: Final[tuple[Hop, ...]] = ("requests", "dispatch")
+Hop = Literal["requests", "dispatch", "hints"]
+HOPS: Final[tuple[Hop, ...]] = ("requests", "dispatch", "hints")
 LOG_EVERY_S: Final = 10.0
 
 REFUSED = Counter(
     "seawall_hop_refused_total",
-    "Records on a priority or dispatch topic without a valid MAC of their hop "
+    "Records on a priority, dispatch or quota-hint topic without a valid MAC of their hop "
     "(services.common.hop_signing): skipped",
     ["hop", "reason"],
 )

@@ -4,7 +4,9 @@
 Groupless, from the end of the topic: every ingress instance needs every hint, and a
 hint older than a start is of no use (admission publishes a fresh one at the tenant's
 next rejection). A record that is not a hint is skipped and counted: admission owns the
-topic, and a lost hint only sends requests on to admission, the authority.
+topic, and a lost hint only sends requests on to admission, the authority. A record
+without admission's MAC (``hop_signing``, the ``hints`` hop) is skipped and counted
+too: whoever can write the topic must not refuse a tenant at the edge.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from seawall_client.serde import HINT, decode
 from services.common.bus import make_consumer
 from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import failure_of
+from services.common.hop_signing import hop_key_for
 from services.common.lifecycle import Component
 from services.common.settings import CommonSettings
 from services.ingress import metrics as m
@@ -35,6 +38,7 @@ class HintFeed(Component):
         self._topic = topic
         self._hints = hints
         self._clock = clock
+        self._hop = hop_key_for(settings, "hints")
         self._consumer = make_consumer(settings, group_id=None)
         self._loop: ConsumerLoop[None] = ConsumerLoop(
             self._consumer,
@@ -57,6 +61,8 @@ class HintFeed(Component):
             await close(self._consumer)
 
     async def decide(self, record: Record) -> None:
+        if self._hop is not None and self._hop.refusal(record.topic, record.value, record.headers):
+            return  # counted and logged by the check
         self._hints.observe(decode(HINT, record.value), self._clock.time())
         m.QUOTA_HINTS.set(len(self._hints))
 

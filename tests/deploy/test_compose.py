@@ -264,13 +264,15 @@ def test_each_service_gets_only_the_keys_of_its_roles_and_hops() -> None:
             expected[f"{keys_dir}/dispatch.hmac"] = "hop_dispatch"
         if name == "admission":
             expected[f"{keys_dir}/requests.hmac"] = "hop_requests"
+            expected[f"{keys_dir}/hints.hmac"] = "hop_hints"
         if role != "controller":  # the controller needs no Redis here (next tests)
             expected[REDIS_PASSWORD] = "redis_password"
         assert mounted == expected, name
-    # Ingress follows no control event: of the keys, the requests hop's secret only.
+    # Ingress follows no control event: of the keys, two hops' secrets only.
     ingress = compose["services"]["ingress"]["secrets"]
     assert {"source": "hop_requests", "target": f"{keys_dir}/requests.hmac"} in ingress
-    assert len(ingress) == 3  # that, the pepper and Redis's password
+    assert {"source": "hop_hints", "target": f"{keys_dir}/hints.hmac"} in ingress
+    assert len(ingress) == 4  # those, the pepper and Redis's password
 
 
 REDIS_PASSWORD = "/run/secrets/redis_password"

@@ -277,8 +277,8 @@ def test_each_service_mounts_only_the_keys_of_its_roles_and_hops(overlay: str) -
     signed hop its secret (services.common.hop_signing)."""
     objects = render(overlay)
     expected = {
-        "ingress": {"requests.hmac"},
-        "admission": {"trusted.pub", "requests.hmac", "dispatch.hmac"},
+        "ingress": {"requests.hmac", "hints.hmac"},
+        "admission": {"trusted.pub", "requests.hmac", "dispatch.hmac", "hints.hmac"},
         "controller": {"trusted.pub", "controller.key"},
     }
     for d in seawall_deployments(objects):
