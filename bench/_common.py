@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 from schemas import (
     EngineStats,
@@ -97,6 +98,20 @@ def control_keys() -> Path:
     return _CONTROL_KEYS
 
 
+def worker_mac(topic: str, value: bytes) -> list[tuple[str, bytes]]:
+    """The headers a worker puts on a report or a completion (``hop_signing``, the
+    ``telemetry`` hop, with this run's keys): admission and the controller skip what
+    lacks them, as they would a forger's."""
+    from services.common.hop_signing import load_key
+
+    global _TELEMETRY_KEY
+    if _TELEMETRY_KEY is None:
+        _TELEMETRY_KEY = load_key(control_keys(), "telemetry")
+    headers: list[tuple[str, bytes]] = _TELEMETRY_KEY.headers(topic, value)
+    return headers
+
+
+_TELEMETRY_KEY: Any = None
 _SAMPLING_SECRET: Path | None = None
 
 

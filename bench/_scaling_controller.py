@@ -93,6 +93,7 @@ from _common import (
     spawn_controller,
     stop_controller,
     summary,
+    worker_mac,
 )
 from _scaling_fleet import (
     SAMPLE_S,
@@ -619,7 +620,10 @@ class Bench:
                 lambda e: isinstance(e, DegradationLevel) and e.level == 3,
             )
             hot = gpu_stats(worker, pool, time.time(), HOT_TEMP_C)
-            await producer.send_and_wait(load.topic, encode(hot), key=pool.encode())
+            value = encode(hot)
+            await producer.send_and_wait(
+                load.topic, value, key=pool.encode(), headers=worker_mac(load.topic, value)
+            )
             t0 = time.time()
             timeout = t_go + load.duration_s + GRACE_S - t0
             try:

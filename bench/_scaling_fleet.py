@@ -29,7 +29,15 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from typing import Any
 
-from _common import HEALTHY_TEMP_C, completed, control_keys, engine_stats, gpu_stats, heartbeat
+from _common import (
+    HEALTHY_TEMP_C,
+    completed,
+    control_keys,
+    engine_stats,
+    gpu_stats,
+    heartbeat,
+    worker_mac,
+)
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
@@ -215,11 +223,15 @@ async def _send_rounds(
 
     async def append(where: tuple[str, int], key: bytes, value: bytes) -> None:
         batch = batches.get(where)
-        if batch is None or batch.append(key=key, value=value, timestamp=None) is None:
+        headers = worker_mac(where[0], value)  # as a worker MACs it
+        if (
+            batch is None
+            or batch.append(key=key, value=value, timestamp=None, headers=headers) is None
+        ):
             if batch is not None:
                 await send(where)
             batch = batches[where] = producer.create_batch()
-            batch.append(key=key, value=value, timestamp=None)
+            batch.append(key=key, value=value, timestamp=None, headers=headers)
 
     start, cpu_start = time.time(), time.process_time()
     end = start + load.duration_s

@@ -121,6 +121,7 @@ from _common import (
     sampling_secret,
     steady_clock_hand,
     summary,
+    worker_mac,
 )
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -218,7 +219,10 @@ async def fake_workers(
                     at=time.time(),
                     partitions=owned,
                 )
-                await producer.send(topic, encode(beat), key=worker.encode())
+                value = encode(beat)
+                await producer.send(
+                    topic, value, key=worker.encode(), headers=worker_mac(topic, value)
+                )
         await asyncio.sleep(BEAT_S)
 
 

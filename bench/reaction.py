@@ -78,6 +78,7 @@ from _common import (
     spawn_controller,
     stop_controller,
     summary,
+    worker_mac,
 )
 from aiokafka import AIOKafkaProducer
 
@@ -310,7 +311,11 @@ class FakeWorker:
             )
             messages.append(gpu_stats(WORKER, POOL, now, temperature_c, memory_share))
         messages += self._others(now)
-        sends = [await self._producer.send(self._topic, encode(m), key=key) for m in messages]
+        values = [encode(m) for m in messages]
+        sends = [
+            await self._producer.send(self._topic, v, key=key, headers=worker_mac(self._topic, v))
+            for v in values
+        ]
         await sends[0]
         acked = time.time()
         await asyncio.gather(*sends)

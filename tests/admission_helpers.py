@@ -178,14 +178,14 @@ async def capacity_feed(
         while True:
             for pool, limit in pools.items():
                 worker = f"fake-{pool}"
-                await producer.send_and_wait(
-                    topics.telemetry,
-                    encode(engine_stats(worker, pool, limit)),
-                    key=worker.encode(),
-                )
-                await producer.send_and_wait(
-                    topics.telemetry, encode(heartbeat(worker, pool, limit)), key=worker.encode()
-                )
+                for report in (engine_stats(worker, pool, limit), heartbeat(worker, pool, limit)):
+                    value = encode(report)
+                    await producer.send_and_wait(
+                        topics.telemetry,
+                        value,
+                        key=worker.encode(),
+                        headers=headers_for(settings, topics.telemetry, value),
+                    )
             await asyncio.sleep(every_s)
 
     try:

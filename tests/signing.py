@@ -53,8 +53,8 @@ def _hop(keys_dir: Path, hop: Hop) -> HopKey:
 
 
 def hop_of(settings: CommonSettings, topic: str) -> Hop | None:
-    """Which signed hop ``topic`` is (a priority, a dispatch or the quota-hint topic), if
-    any."""
+    """Which signed hop ``topic`` is (a priority, a dispatch, the quota-hint, the
+    telemetry or the completions topic), if any."""
     topics = topics_of(settings)
     if topic in {topics.requests(p) for p in Priority}:
         return "requests"
@@ -62,6 +62,8 @@ def hop_of(settings: CommonSettings, topic: str) -> Hop | None:
         return "dispatch"
     if topic == topics.quota_hints:
         return "hints"
+    if topic in (topics.telemetry, topics.completions):
+        return "telemetry"
     return None
 
 
@@ -70,7 +72,8 @@ def headers_for(
 ) -> list[tuple[str, bytes]] | None:
     """The headers its producer would sign a record on ``topic`` with: a control event
     as its issuer, a request on a priority topic as ingress, a dispatch or a quota hint
-    as admission; none on any other topic, or where signatures are off."""
+    as admission, a report or a completion as a worker; none on any other topic, or
+    where signatures are off."""
     if settings.control_keys_dir is None or settings.control_signatures == "off":
         return None
     if topic == topics_of(settings).control:

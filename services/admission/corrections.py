@@ -50,6 +50,7 @@ from services.admission.quota import QuotaUnavailable, RedisQuota
 from services.common.consuming import Record
 from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
+from services.common.hop_signing import HopKey
 from services.common.lua import Lua
 from services.common.redisclient import by_slot
 
@@ -152,13 +153,20 @@ class Corrections:
 
 class CompletionsHandler:
     """The corrections' handler: each ``RequestCompleted`` settles its reservation;
-    what is not one is dead-lettered."""
+    what is not one is dead-lettered; what lacks a worker's MAC (``hop``:
+    ``hop_signing``'s ``telemetry`` hop) is skipped and counted, since a forged
+    completion would refund a tenant's tokens."""
 
-    def __init__(self, corrections: Corrections, dead_letters: DeadLetters) -> None:
+    def __init__(
+        self, corrections: Corrections, dead_letters: DeadLetters, hop: HopKey | None = None
+    ) -> None:
         self._corrections = corrections
         self._dead_letters = dead_letters
+        self._hop = hop
 
     async def decide(self, record: Record) -> None:
+        if self._hop is not None and self._hop.refusal(record.topic, record.value, record.headers):
+            return
         event = decode(COMPLETION, record.value)
         if event.repeat:  # not a completion: the request's own settles its reservation
             return

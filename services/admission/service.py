@@ -203,7 +203,13 @@ class Admission(Component):
         )
         self._tail: ConsumerLoop[None] = ConsumerLoop(
             self._telemetry,
-            TelemetryTail(self.capacity, self.topics.completions, clock, wake),
+            TelemetryTail(
+                self.capacity,
+                self.topics.completions,
+                clock,
+                wake,
+                hop_key_for(settings, "telemetry"),
+            ),
             None,
             name="admission-telemetry",
             commit=False,
@@ -212,7 +218,9 @@ class Admission(Component):
         )
         self._settling: ConsumerLoop[None] = ConsumerLoop(
             self._completions,
-            CompletionsHandler(self._corrections, self._dead_letters),
+            CompletionsHandler(
+                self._corrections, self._dead_letters, hop_key_for(settings, "telemetry")
+            ),
             None,
             name="admission-corrections",
             commit=True,

@@ -15,11 +15,13 @@ from seawall_client.clock import Clock
 from seawall_client.serde import COMPLETION, TELEMETRY, decode
 from services.admission.policy.capacity import FleetCapacity
 from services.common.consuming import Record
+from services.common.hop_signing import HopKey
 
 
 class TelemetryTail:
     """The capacity tail's handler: every report and completion feeds the pacing rule.
-    What does not decode is skipped (nothing of it could count)."""
+    What does not decode is skipped (nothing of it could count), and so is what lacks a
+    worker's MAC (``hop``: ``hop_signing``'s ``telemetry`` hop), counted."""
 
     def __init__(
         self,
@@ -27,13 +29,17 @@ class TelemetryTail:
         completions_topic: str,
         clock: Clock,
         wake: Callable[[], None],
+        hop: HopKey | None = None,
     ) -> None:
+        self._hop = hop
         self._capacity = capacity
         self._completions_topic = completions_topic
         self._clock = clock
         self._wake = wake
 
     async def decide(self, record: Record) -> None:
+        if self._hop is not None and self._hop.refusal(record.topic, record.value, record.headers):
+            return
         now, capacity = self._clock.monotonic(), self._capacity
         if record.topic == self._completions_topic:
             done = decode(COMPLETION, record.value)

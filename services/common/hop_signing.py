@@ -1,7 +1,8 @@
 """Signed hops inside the bus: a record on a priority topic (``llm.requests.*``) carries
 ingress's MAC, a record on a dispatch topic (``llm.dispatch.*``) admission's (or a
-worker's, for a shadow), a quota hint (``llm.quota.hints``) admission's, and the
-consumer checks it before acting on the record.
+worker's, for a shadow), a quota hint (``llm.quota.hints``) admission's, a worker report
+or completion (``llm.telemetry``, ``llm.completions``) a worker's, and the consumer
+checks it before acting on the record.
 
 Without it, anyone who can produce to those topics skips every check at the edge: a
 record on ``llm.requests.vip`` is admitted as VIP for whatever tenant it names, one on a
@@ -14,8 +15,11 @@ bytes. The topic is inside the MAC, so a record cannot be moved to another prior
 pool. One secret per hop, 32 random bytes in hex, in the keys directory
 (``SEAWALL_CONTROL_KEYS_DIR``, beside the control keys): ``requests.hmac`` (ingress
 writes, admission reads), ``dispatch.hmac`` (admission and the workers write, the
-workers read) and ``hints.hmac`` (admission writes, ingress reads: a forged hint would
-refuse a tenant at the edge until it expires). An HMAC rather than a signature: it is
+workers read), ``hints.hmac`` (admission writes, ingress reads: a forged hint would
+refuse a tenant at the edge until it expires) and ``telemetry.hmac`` (the workers
+write ``llm.telemetry`` and ``llm.completions``, admission and the controller read: a
+forged report would steer the pacing and the breakers, a forged completion refund a
+tenant's tokens). An HMAC rather than a signature: it is
 one keyed hash a record (a couple of microseconds for a request's bytes, against 40 µs
 to sign and 130 µs to check Ed25519 on this machine), and each secret is shared only by
 the two sides of its hop, so a compromised worker cannot forge what admission reads. A
@@ -44,13 +48,14 @@ from services.common.settings import CommonSettings
 log = logging.getLogger(__name__)
 
 HEADER: Final = "seawall-hop-mac"
-Hop = Literal["requests", "dispatch", "hints"]
-HOPS: Final[tuple[Hop, ...]] = ("requests", "dispatch", "hints")
+Hop = Literal["requests", "dispatch", "hints", "telemetry"]
+HOPS: Final[tuple[Hop, ...]] = ("requests", "dispatch", "hints", "telemetry")
 LOG_EVERY_S: Final = 10.0
 
 REFUSED = Counter(
     "seawall_hop_refused_total",
-    "Records on a priority, dispatch or quota-hint topic without a valid MAC of their hop "
+    "Records on a priority, dispatch, quota-hint, telemetry or completion topic without "
+    "a valid MAC of their hop "
     "(services.common.hop_signing): skipped",
     ["hop", "reason"],
 )

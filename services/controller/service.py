@@ -57,6 +57,7 @@ from services.common.control import ControlFollower
 from services.common.control_signing import send_signed, signer_for
 from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
+from services.common.hop_signing import hop_key_for
 from services.common.lifecycle import Component, cancel_tasks
 from services.controller.canaries import CanaryReleases
 from services.controller.faust_app import InProcessWorker, build_app, channels_of
@@ -153,7 +154,13 @@ class Controller(Component):
         )
         self._ticking: asyncio.Task[Any] | None = None
         self._agents = TelemetryAgents(
-            self.pools, channels.by_pool, self.ticker, dead_letters, lock, clock
+            self.pools,
+            channels.by_pool,
+            self.ticker,
+            dead_letters,
+            lock,
+            clock,
+            hop=hop_key_for(settings, "telemetry"),
         )
         self.app.agent(channels.telemetry, name="route")(self._agents.route)
         self.app.agent(channels.by_pool, name="decide")(self._agents.decide)

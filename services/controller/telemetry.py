@@ -1,6 +1,7 @@
 """The controller's telemetry agents and the reaction path they start.
 
-The ``route`` agent reads ``llm.telemetry``, dead-letters what cannot be decoded and
+The ``route`` agent reads ``llm.telemetry``, skips (and counts) what no worker MACed
+(``hop_signing``, the ``telemetry`` hop), dead-letters what cannot be decoded and
 makes sure each record is decided by the instance that owns its pool: one controller
 instance sees all of a pool's workers and decides for the pool and for them (scale-out
 is faust's: more instances share the partitions). seawall's workers key their telemetry
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from faust.types import StreamT, TopicT
@@ -26,11 +28,22 @@ from seawall_client.clock import Clock
 from seawall_client.serde import TELEMETRY, DecodeError, decode
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.failures import is_infrastructure
+from services.common.hop_signing import HopKey
 from services.controller import metrics as m
 from services.controller.pools import Pools
 from services.controller.ticks import Ticker
 
 log = logging.getLogger(__name__)
+
+
+def _header_list(headers: Any) -> list[tuple[str, bytes]]:
+    """faust hands a record's headers on as the client gave them (aiokafka: pairs) or
+    as a mapping: the pairs either way."""
+    if headers is None:
+        return []
+    if isinstance(headers, Mapping):
+        return list(headers.items())
+    return list(headers)
 
 
 class TelemetryAgents:
@@ -44,7 +57,11 @@ class TelemetryAgents:
         dead_letters: DeadLetters,
         lock: asyncio.Lock,
         clock: Clock,
+        hop: HopKey | None = None,
     ) -> None:
+        self._hop = hop
+        """Checks that a record on ``llm.telemetry`` was written by a worker
+        (``hop_signing``, the ``telemetry`` hop); one that was not is skipped, counted."""
         self._pools = pools
         self._by_pool = by_pool
         self._ticker = ticker
@@ -57,6 +74,10 @@ class TelemetryAgents:
     async def route(self, stream: StreamT[bytes]) -> None:
         async for event in stream.events():
             message = event.message
+            if self._hop is not None and self._hop.refusal(
+                message.topic, event.value, _header_list(message.headers)
+            ):
+                continue
             try:
                 telemetry = decode(TELEMETRY, event.value)
             except DecodeError as e:

@@ -22,6 +22,7 @@ from seawall_client.clock import Clock
 from seawall_client.serde import encode
 from seawall_client.topics import Topics
 from services.common.failures import is_infrastructure
+from services.common.hop_signing import hop_key_for
 from services.workers import metrics as m
 from services.workers.engine.base import Engine
 from services.workers.gpu import GpuProbe
@@ -66,15 +67,21 @@ class Telemetry:
         self._status = status
         self._partitions = partitions
         self.clock = clock
+        self._hop = hop_key_for(settings, "telemetry")
 
     async def publish(self, topic: str, message: Message) -> None:
         """Queue a telemetry or completion record (not awaited for its ack: a lost report
         is superseded by the next, and admission forgets a dispatch whose completion
         was lost after ``ledger_ttl_s``). Keyed by pool: the partition of the controller
         instance that decides for the pool (and still one partition per worker: its
-        records stay in order)."""
+        records stay in order). MACed for admission and the controller (``hop_signing``,
+        the ``telemetry`` hop)."""
         try:
-            await self._producer.send(topic, encode(message), key=self.settings.pool.encode())
+            value = encode(message)
+            headers = None if self._hop is None else self._hop.headers(topic, value)
+            await self._producer.send(
+                topic, value, key=self.settings.pool.encode(), headers=headers
+            )
         except Exception as e:
             if not is_infrastructure(e):
                 raise

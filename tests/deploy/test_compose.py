@@ -256,7 +256,11 @@ def test_each_service_gets_only_the_keys_of_its_roles_and_hops() -> None:
     own |= {name: "worker" for name in compose["services"] if name.startswith("worker-")}
     for name, role in own.items():
         mounted = {s["target"]: s["source"] for s in compose["services"][name]["secrets"]}
-        expected = {f"{keys_dir}/trusted.pub": "control_trusted"}
+        expected = {
+            f"{keys_dir}/trusted.pub": "control_trusted",
+            # the workers MAC their reports, admission and the controller check them
+            f"{keys_dir}/telemetry.hmac": "hop_telemetry",
+        }
         if role is not None:
             expected[f"{keys_dir}/{role}.key"] = f"control_{role}_key"
         if role != "controller":  # admission and the workers sample (next test)

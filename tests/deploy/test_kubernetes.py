@@ -278,13 +278,19 @@ def test_each_service_mounts_only_the_keys_of_its_roles_and_hops(overlay: str) -
     objects = render(overlay)
     expected = {
         "ingress": {"requests.hmac", "hints.hmac"},
-        "admission": {"trusted.pub", "requests.hmac", "dispatch.hmac", "hints.hmac"},
-        "controller": {"trusted.pub", "controller.key"},
+        "admission": {
+            "trusted.pub",
+            "requests.hmac",
+            "dispatch.hmac",
+            "hints.hmac",
+            "telemetry.hmac",
+        },
+        "controller": {"trusted.pub", "controller.key", "telemetry.hmac"},
     }
     for d in seawall_deployments(objects):
         name = d["metadata"]["name"]
         if name.startswith("worker-"):
-            expected[name] = {"trusted.pub", "worker.key", "dispatch.hmac"}
+            expected[name] = {"trusted.pub", "worker.key", "dispatch.hmac", "telemetry.hmac"}
     assert {"worker-main", "worker-small"} <= set(expected)
     for name, files in expected.items():
         d = one(objects, "Deployment", name)

@@ -207,7 +207,7 @@ class Corpus:
         elif isinstance(request, AbortRequest):  # signed by its key: only sets a marker
             self.records.append(Hostile(topic, value, None, silent=True, headers=headers))
         else:  # telemetry, control events, replies: applied, answered by nobody
-            self.records.append(Hostile(topic, value, None, silent=True))
+            self.records.append(Hostile(topic, value, None, silent=True, headers=headers))
 
 
 def build_corpus(
@@ -354,7 +354,12 @@ async def controller_consuming(stack: Stack, reader: LetterReader, timeout_s: fl
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            placed = await producer.send_and_wait(topics.telemetry, b"probe", key=b"main")
+            placed = await producer.send_and_wait(
+                topics.telemetry,
+                b"probe",
+                key=b"main",
+                headers=headers_for(stack.settings, topics.telemetry, b"probe"),
+            )
             for _ in range(5):
                 await reader.poll(200)
                 if (topics.telemetry, placed.partition, placed.offset) in reader.letters:

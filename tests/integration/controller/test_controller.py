@@ -363,6 +363,73 @@ async def test_telemetry_past_a_threshold_is_decided_at_once_not_at_the_next_tic
     assert decided.evidence.metrics["gpu_temperature_c"] == 95.0
 
 
+async def test_telemetry_no_worker_macked_moves_nothing_and_a_workers_report_does(
+    settings: CommonSettings, topics: Topics
+) -> None:
+    """A hot GPU reported without a worker's MAC (``hop_signing``, the ``telemetry``
+    hop) — unsigned, or MACed with another secret — is read, counted and ignored: no
+    degradation; the same report as a worker MACs it degrades the pool."""
+    from prometheus_client import REGISTRY
+
+    from services.common.hop_signing import HopKey
+
+    def refused(reason: str) -> float:
+        labels = {"hop": "telemetry", "reason": reason}
+        return REGISTRY.get_sample_value("seawall_hop_refused_total", labels) or 0.0
+
+    def hot(at: float) -> GpuStats:
+        return GpuStats(
+            worker_id="forged-w1",
+            pool="forged",
+            gpu_index=0,
+            name="sim",
+            utilization_pct=90.0,
+            memory_used_bytes=1,
+            memory_total_bytes=2,
+            temperature_c=95.0,
+            power_w=300.0,
+            power_limit_w=400.0,
+            simulated=True,
+            at=at,
+        )
+
+    key = "degradation/pool:forged"
+    foreign = HopKey("telemetry", os.urandom(32))
+    unsigned, bad_mac = refused("unsigned"), refused("bad_mac")
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        async with (
+            control_log(settings, topics) as control,
+            controller(settings, controller_tick_s=60.0) as running,
+        ):
+            await until(lambda: running.pools.ready, 30)
+            started = time.monotonic()
+            # the controller joins its group and reads from the end: forge until it has
+            # read (and refused) some of both kinds
+            while refused("unsigned") < unsigned + 3 or refused("bad_mac") < bad_mac + 3:
+                assert time.monotonic() - started < 40, "the controller read no forgery"
+                value = encode(hot(time.time()))
+                await producer.send_and_wait(topics.telemetry, value, key=b"forged")
+                await producer.send_and_wait(
+                    topics.telemetry,
+                    value,
+                    key=b"forged",
+                    headers=foreign.headers(topics.telemetry, value),
+                )
+                await asyncio.sleep(0.3)
+            await asyncio.sleep(1.0)
+            assert control.first(key, level_is(3)) is None
+
+            started = time.monotonic()
+            while control.first(key, level_is(3)) is None:
+                assert time.monotonic() - started < 40, "a worker's report moved nothing"
+                await produce(settings, topics.telemetry, [hot(time.time())])  # MACed
+                await asyncio.sleep(0.5)
+    finally:
+        await producer.stop()
+
+
 def spawn_controller(
     settings: CommonSettings, metrics_port: int, log: Path
 ) -> subprocess.Popen[bytes]:

@@ -16,6 +16,7 @@ from services.common.settings import CommonSettings
 from services.controller.settings import ControllerSettings
 from tests.admission_helpers import TopicReader, heartbeat
 from tests.integration.controller.test_controller import CONTROLLER, control_log, controller
+from tests.signing import headers_for
 
 
 def partition_of(key: str, partitions: int) -> int:
@@ -45,7 +46,12 @@ async def test_records_on_their_pools_partition_skip_the_internal_topic(
                 assert time.monotonic() < deadline, "no decision for a worker"
                 for worker, key in keys.items():
                     record = encode(heartbeat(worker))
-                    await producer.send_and_wait(topics.telemetry, record, key=key.encode())
+                    await producer.send_and_wait(
+                        topics.telemetry,
+                        record,
+                        key=key.encode(),
+                        headers=headers_for(settings, topics.telemetry, record),
+                    )
                 await asyncio.sleep(0.5)
     finally:
         await producer.stop()
