@@ -17,7 +17,7 @@ import contextlib
 import signal
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +109,7 @@ async def send(client: SeawallClient, call: Call, max_tokens: int, timeout_s: fl
 class Fault:
     at_s: float
     name: str
-    act: Callable[[], str]
+    act: Callable[[], str | Awaitable[str]]
     ready: Callable[[], bool] = lambda: True
     """Fired at the first moment from ``at_s`` on when this holds (at most 15 s later)."""
     done_at: float | None = None
@@ -268,7 +268,8 @@ async def kill_matrix(
     tiers = ("enterprise", "pro", "basic")
     keys = {t: stack.key(f"km-{t}", t) for t in tiers}
     clients = {t: SeawallClient(api_key=keys[t]["key"], kafka=stack.settings.kafka) for t in tiers}
-    for c in clients.values():
+    helper = SeawallClient(api_key=stack.key("km-helper", "pro")["key"], kafka=stack.settings.kafka)
+    for c in (*clients.values(), helper):
         await c.start()
     calls: list[Call] = []
     victim: dict[str, Any] = {}
@@ -324,6 +325,23 @@ async def kill_matrix(
         early, held = streaming(), unshown()
         return sorted((w for w in early if held[w]), key=lambda w: (-early[w], -held[w]))
 
+    async def kill_holding_worker() -> str:
+        """Kill a main worker mid-stream once it holds a request that shows nothing
+        before it ends. Traffic alone gives such a moment within seconds when the
+        machine is idle, not always under load (a CI run's kill came 15 s late with the
+        victim holding one request, already streaming): so from 5 s late on, a tenant of
+        its own adds non-streamed requests, every one counted like the others, until
+        some worker holds one (10 s at most)."""
+        deadline, j = time.monotonic() + 10, 0
+        while not victims() and time.monotonic() < deadline:
+            call = Call(f"kmh{j:04d}", "pro", time.monotonic(), stream=False)
+            calls.append(call)
+            task = send(helper, call, traffic.max_tokens, traffic.timeout_s)
+            tasks.append(asyncio.create_task(task))
+            j += 1
+            await asyncio.sleep(0.05)
+        return kill_streaming_worker()
+
     def kill_streaming_worker() -> str:
         # A main worker mid-stream and holding an unshown request (the busiest such).
         ready = victims()
@@ -339,8 +357,8 @@ async def kill_matrix(
         Fault(
             faults_at_s[2],
             "worker SIGKILL mid-stream",
-            kill_streaming_worker,
-            lambda: bool(victims()),
+            kill_holding_worker,
+            lambda: bool(victims()) or time.monotonic() - start > faults_at_s[2] + 5,
         ),
         Fault(faults_at_s[3], "controller SIGKILL", kill_and_note("controller")),
         Fault(faults_at_s[4], "Redis cut off 5 s", lambda: cut(redis_proxy, 5.0)),
@@ -364,7 +382,8 @@ async def kill_matrix(
                 late = time.monotonic() - (start + fault.at_s)
                 if fault.ready() or late > 15:
                     pending.pop(0)
-                    fault.detail = fault.act()
+                    detail = fault.act()
+                    fault.detail = detail if isinstance(detail, str) else await detail
                     fault.done_at = time.monotonic()
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             tier = tiers[i % len(tiers)]
@@ -381,10 +400,10 @@ async def kill_matrix(
         await asyncio.wait(tasks, timeout=traffic.timeout_s + 30)
     for _ in range(10):  # late duplicates, had any reached the caller, are counted
         await asyncio.sleep(0.2)
-    stats = {t: c.stats for t, c in clients.items()}
+    stats = {t: c.stats for t, c in (*clients.items(), ("helper", helper))}
     # The stack still serves: a fresh request after everything, answered ok.
     after = await clients["enterprise"].complete("still there?", max_tokens=8, timeout_s=60)
-    for c in clients.values():
+    for c in (*clients.values(), helper):
         await c.stop()
     restarted = {name: wait_restarted(stack, name, pid) != pid for name, pid in pids.items()}
 
