@@ -195,11 +195,16 @@ class Admission(Component):
             clock=clock,
         )
         self._telemetry = make_consumer(settings, group_id=None)
+        # From the earliest record where the group has no committed offset: a member
+        # killed before its first commit (or before it joined) would otherwise leave the
+        # completions written meanwhile behind its successor's "latest", and their
+        # reservations unsettled: the tenant charged its estimate, not what it used.
+        # Replaying settled ones is a no-op (settle.lua's 'take' finds nothing).
         self._completions = make_consumer(
             settings,
             self.topics.completions,
             group_id=f"{prefix}seawall.admission.completions",
-            auto_offset_reset="latest",
+            auto_offset_reset="earliest",
         )
         self._tail: ConsumerLoop[None] = ConsumerLoop(
             self._telemetry,

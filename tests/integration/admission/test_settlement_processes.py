@@ -109,3 +109,44 @@ async def test_tokens_charged_match_the_tokens_used_across_admission_restarts(
     assert level is not None
     print(f"\n{N} requests used {used} tokens; the bucket lost {CAPACITY - float(level):.1f}")
     assert CAPACITY - float(level) == pytest.approx(used, abs=1.0)
+
+
+async def test_a_completion_written_before_the_group_ever_committed_is_settled(
+    settings: CommonSettings, topics: Topics, redis: aioredis.Redis
+) -> None:
+    """A completion written while admission's completions group has no committed offset
+    (its first member killed before committing, or not yet joined) is still settled by
+    the next member: the group starts from the earliest record, not the latest (a CI
+    run of the test above left reservations unsettled that way)."""
+    from schemas import RequestCompleted
+    from seawall_client.kafka import ensure_topics
+    from services.admission.service import Admission
+    from tests.admission_helpers import admission_settings
+    from tests.fleet import produce
+
+    await ensure_topics(settings.kafka, topics.specs())
+    reservation = RedisKeys(settings.redis_prefix).reservation(TENANT, "early-1")
+    await redis.set(reservation, "100d", ex=600)  # charged 100, a copy sent for dispatch
+    done = RequestCompleted(
+        worker_id="w-1",
+        pool="main",
+        request_id="early-1",
+        tenant=TENANT,
+        priority=Priority.STANDARD,
+        tier=Tier.PRO,
+        queue_wait_ms=1.0,
+        latency_ms=10.0,
+        prompt_tokens=30,
+        completion_tokens=20,
+        at=time.time(),
+    )
+    await produce(settings, topics.completions, [done])  # before admission ever ran
+    async with Admission(admission_settings(settings)):
+
+        async def settled() -> bool:
+            return not await redis.exists(reservation)
+
+        deadline = time.monotonic() + 30
+        while not await settled():
+            assert time.monotonic() < deadline, "the completion was skipped, not settled"
+            await asyncio.sleep(0.2)
