@@ -344,8 +344,16 @@ async def kill_matrix(
 
     def kill_streaming_worker() -> str:
         # A main worker mid-stream and holding an unshown request (the busiest such).
-        ready = victims()
-        name = ready[0] if ready else streaming().most_common(1)[0][0]
+        ready, early = victims(), streaming().most_common(1)
+        if ready:
+            name = ready[0]
+        elif early:
+            name = early[0][0]
+        else:  # nothing streams on a main worker now: the one owning most partitions
+            name = max(
+                (w for w in watch.partitions if w.startswith("worker-main")),
+                key=lambda w: len(watch.partitions[w]),
+            )
         victim["name"] = name
         victim["partitions"] = set(watch.partitions.get(name, ()))  # by its last heartbeat
         victim["at"] = time.time()
