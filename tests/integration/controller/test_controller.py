@@ -151,6 +151,24 @@ def limit_is(predicate: Callable[[int], bool]) -> Callable[[ControlEvent], bool]
     return lambda e: isinstance(e, BatchLimit) and predicate(e.limit)
 
 
+def hot_gpu(worker: str, pool: str, at: float) -> GpuStats:
+    """A reading of one GPU at 95 °C: over the ladder's temperature threshold."""
+    return GpuStats(
+        worker_id=worker,
+        pool=pool,
+        gpu_index=0,
+        name="sim",
+        utilization_pct=90.0,
+        memory_used_bytes=1,
+        memory_total_bytes=2,
+        temperature_c=95.0,
+        power_w=300.0,
+        power_limit_w=400.0,
+        simulated=True,
+        at=at,
+    )
+
+
 def level_is(level: int) -> Callable[[ControlEvent], bool]:
     return lambda e: isinstance(e, DegradationLevel) and e.level == level
 
@@ -331,20 +349,7 @@ async def test_telemetry_past_a_threshold_is_decided_at_once_not_at_the_next_tic
     answer within the wait."""
 
     def hot(at: float) -> GpuStats:
-        return GpuStats(
-            worker_id="hot-w1",
-            pool="reacting",
-            gpu_index=0,
-            name="sim",
-            utilization_pct=90.0,
-            memory_used_bytes=1,
-            memory_total_bytes=2,
-            temperature_c=95.0,
-            power_w=300.0,
-            power_limit_w=400.0,
-            simulated=True,
-            at=at,
-        )
+        return hot_gpu("hot-w1", "reacting", at)
 
     key = "degradation/pool:reacting"
     async with (
@@ -378,20 +383,7 @@ async def test_telemetry_no_worker_macked_moves_nothing_and_a_workers_report_doe
         return REGISTRY.get_sample_value("seawall_hop_refused_total", labels) or 0.0
 
     def hot(at: float) -> GpuStats:
-        return GpuStats(
-            worker_id="forged-w1",
-            pool="forged",
-            gpu_index=0,
-            name="sim",
-            utilization_pct=90.0,
-            memory_used_bytes=1,
-            memory_total_bytes=2,
-            temperature_c=95.0,
-            power_w=300.0,
-            power_limit_w=400.0,
-            simulated=True,
-            at=at,
-        )
+        return hot_gpu("forged-w1", "forged", at)
 
     key = "degradation/pool:forged"
     foreign = HopKey("telemetry", os.urandom(32))
