@@ -50,7 +50,7 @@ from services.admission.quota import QuotaUnavailable, RedisQuota
 from services.common.consuming import Record
 from services.common.control_state import ControlState
 from services.common.deadletters import DeadLetters
-from services.common.hop_signing import HopKey
+from services.common.hop_signing import HopKey, lacks_mac
 from services.common.lua import Lua
 from services.common.redisclient import by_slot
 
@@ -165,7 +165,7 @@ class CompletionsHandler:
         self._hop = hop
 
     async def decide(self, record: Record) -> None:
-        if self._hop is not None and self._hop.refusal(record.topic, record.value, record.headers):
+        if lacks_mac(self._hop, record.topic, record.value, record.headers):
             return
         event = decode(COMPLETION, record.value)
         if event.repeat:  # not a completion: the request's own settles its reservation

@@ -41,7 +41,7 @@ from services.admission.tracing import TRACER
 from services.common.bus import Outgoing, send_batched
 from services.common.control_state import ControlState
 from services.common.failures import Backoff, is_infrastructure
-from services.common.hop_signing import HopKey
+from services.common.hop_signing import HopKey, mac_headers
 from services.common.lifecycle import cancel_tasks, wait_set
 from services.common.offsets import OffsetTracker
 from services.common.redisclient import exists_each
@@ -237,9 +237,8 @@ class Dispatcher:
                 TRACER.record("admission.schedule", w.trace, w.accepted_ns, released_ns)
                 span = TRACER.start("admission.dispatch", w.trace, released_ns, pool=d.pool)
             topic = self._topics.dispatch(d.pool)
-            headers = tracecontext.header(span.context) if span is not None else None
-            if self._hop is not None:
-                headers = self._hop.headers(topic, value, headers)
+            trace = tracecontext.header(span.context) if span is not None else None
+            headers = mac_headers(self._hop, topic, value, trace)
             outgoing.append(Outgoing(topic, value, w.key.encode(), partition, headers))
             chosen.append((w, verdict, placement, span))
         acks = await send_batched(self._producer, outgoing)

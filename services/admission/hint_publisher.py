@@ -23,7 +23,7 @@ from services.admission.policy.hints import HintThrottle, clear_hint, hint_for
 from services.admission.policy.overrides import override_terms, quota_override
 from services.common.control_state import ControlState
 from services.common.failures import is_infrastructure
-from services.common.hop_signing import HopKey
+from services.common.hop_signing import HopKey, mac_headers
 
 
 class HintPublisher:
@@ -68,8 +68,12 @@ class HintPublisher:
         unavailable: a lost hint only sends the tenant's next requests here)."""
         try:
             value = encode(hint)
-            headers = None if self._hop is None else self._hop.headers(self._topic, value)
-            await self._producer.send(self._topic, value, key=hint.tenant.encode(), headers=headers)
+            await self._producer.send(
+                self._topic,
+                value,
+                key=hint.tenant.encode(),
+                headers=mac_headers(self._hop, self._topic, value),
+            )
         except Exception as e:
             if not is_infrastructure(e):
                 raise

@@ -57,7 +57,7 @@ from services.common.consuming import Record, observe_lag, retry_unavailable
 from services.common.control_state import ControlState
 from services.common.delivery import Replies
 from services.common.failures import Backoff
-from services.common.hop_signing import hop_key_for
+from services.common.hop_signing import hop_key_for, lacks_mac
 from services.common.lifecycle import cancel_tasks
 from services.common.offsets import OffsetTracker
 from services.common.tracing import now_ns, produced_at_ns
@@ -215,9 +215,7 @@ class Intake:
             cls = self._class_of[tp.topic]
             for record in records:
                 self._offsets.track(tp, record.offset)
-                if self._hop is not None and self._hop.refusal(
-                    tp.topic, record.value, record.headers
-                ):
+                if lacks_mac(self._hop, tp.topic, record.value, record.headers):
                     self._offsets.done(tp, record.offset)  # no request: nobody to answer
                     continue
                 try:

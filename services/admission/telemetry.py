@@ -15,7 +15,7 @@ from seawall_client.clock import Clock
 from seawall_client.serde import COMPLETION, TELEMETRY, decode
 from services.admission.policy.capacity import FleetCapacity
 from services.common.consuming import Record
-from services.common.hop_signing import HopKey
+from services.common.hop_signing import HopKey, lacks_mac
 
 
 class TelemetryTail:
@@ -38,7 +38,7 @@ class TelemetryTail:
         self._wake = wake
 
     async def decide(self, record: Record) -> None:
-        if self._hop is not None and self._hop.refusal(record.topic, record.value, record.headers):
+        if lacks_mac(self._hop, record.topic, record.value, record.headers):
             return
         now, capacity = self._clock.monotonic(), self._capacity
         if record.topic == self._completions_topic:

@@ -103,6 +103,29 @@ class HopKey:
         return reason
 
 
+def mac_headers(
+    hop: HopKey | None,
+    topic: str,
+    value: bytes,
+    more: list[tuple[str, bytes]] | None = None,
+) -> list[tuple[str, bytes]] | None:
+    """A producer's headers for a record of ``hop``: ``more`` (a trace context, say)
+    and the MAC of ``value`` on ``topic``; ``more`` alone where signatures are off
+    (``hop`` is None)."""
+    return more if hop is None else hop.headers(topic, value, more)
+
+
+def lacks_mac(
+    hop: HopKey | None,
+    topic: str,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes]] | None,
+) -> bool:
+    """Whether a consumer must skip a record for want of ``hop``'s MAC (counted and
+    logged by ``HopKey.refusal``); never where signatures are off (``hop`` is None)."""
+    return hop is not None and hop.refusal(topic, value, headers) is not None
+
+
 def secret_file(keys_dir: Path, hop: Hop) -> Path:
     return keys_dir / f"{hop}.hmac"
 

@@ -28,7 +28,7 @@ from seawall_client.clock import Clock
 from seawall_client.serde import TELEMETRY, DecodeError, decode
 from services.common.deadletters import DeadLetters, failure_of
 from services.common.failures import is_infrastructure
-from services.common.hop_signing import HopKey
+from services.common.hop_signing import HopKey, lacks_mac
 from services.controller import metrics as m
 from services.controller.pools import Pools
 from services.controller.ticks import Ticker
@@ -74,9 +74,7 @@ class TelemetryAgents:
     async def route(self, stream: StreamT[bytes]) -> None:
         async for event in stream.events():
             message = event.message
-            if self._hop is not None and self._hop.refusal(
-                message.topic, event.value, _header_list(message.headers)
-            ):
+            if lacks_mac(self._hop, message.topic, event.value, _header_list(message.headers)):
                 continue
             try:
                 telemetry = decode(TELEMETRY, event.value)

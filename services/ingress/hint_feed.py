@@ -19,7 +19,7 @@ from seawall_client.serde import HINT, decode
 from services.common.bus import make_consumer
 from services.common.consuming import ConsumerLoop, Record
 from services.common.deadletters import failure_of
-from services.common.hop_signing import hop_key_for
+from services.common.hop_signing import hop_key_for, lacks_mac
 from services.common.lifecycle import Component
 from services.common.settings import CommonSettings
 from services.ingress import metrics as m
@@ -61,7 +61,7 @@ class HintFeed(Component):
             await close(self._consumer)
 
     async def decide(self, record: Record) -> None:
-        if self._hop is not None and self._hop.refusal(record.topic, record.value, record.headers):
+        if lacks_mac(self._hop, record.topic, record.value, record.headers):
             return  # counted and logged by the check
         self._hints.observe(decode(HINT, record.value), self._clock.time())
         m.QUOTA_HINTS.set(len(self._hints))

@@ -46,7 +46,7 @@ from seawall_client.serde import DecodeError, describe, encode
 from seawall_client.signing import key_id_of
 from seawall_client.topics import RedisKeys, Topics
 from seawall_client.tracecontext import TraceContext
-from services.common.hop_signing import hop_key_for
+from services.common.hop_signing import hop_key_for, mac_headers
 from services.common.sensitive import MAX_FINDINGS, Finding, screen, summary
 from services.common.tokenizer import count_tokens
 from services.ingress import metrics as m
@@ -413,7 +413,7 @@ class IngressPipeline:
             topic,
             value,
             key=request.partition_key.encode(),
-            headers=headers if self._hop is None else self._hop.headers(topic, value, headers),
+            headers=mac_headers(self._hop, topic, value, headers),
         )
         return fut
 

@@ -29,7 +29,7 @@ from services.common.consuming import Record, retry_unavailable
 from services.common.deadletters import DeadLetters
 from services.common.delivery import Replies
 from services.common.failures import Backoff, is_infrastructure
-from services.common.hop_signing import hop_key_for
+from services.common.hop_signing import hop_key_for, lacks_mac
 from services.common.offsets import OffsetTracker
 from services.common.tokenizer import count_tokens
 from services.common.tracing import now_ns, produced_at_ns
@@ -88,7 +88,7 @@ class Serving:
         run: Run | None = None
         trace = tracecontext.from_headers(record.headers)
         TRACER.record("worker.read", trace, produced_at_ns(record), now_ns())
-        if self._hop is not None and self._hop.refusal(tp.topic, record.value, record.headers):
+        if lacks_mac(self._hop, tp.topic, record.value, record.headers):
             self.offsets.done(tp, record.offset)  # not admission's (or a worker's): skipped
             return
         try:

@@ -18,7 +18,7 @@ from seawall_client.clock import Clock
 from seawall_client.serde import encode
 from seawall_client.topics import Topics
 from services.common.failures import is_infrastructure
-from services.common.hop_signing import hop_key_for
+from services.common.hop_signing import hop_key_for, mac_headers
 from services.common.sampling import sampling_secret
 from services.workers import metrics as m
 from services.workers.engine.base import Engine, EngineError
@@ -97,7 +97,7 @@ class Shadowing:
                 value,
                 key=shadow_key(shadow, self._secret),
                 partition=partition,
-                headers=None if self._hop is None else self._hop.headers(topic, value),
+                headers=mac_headers(self._hop, topic, value),
             )
         except Exception as e:
             if not is_infrastructure(e):

@@ -22,7 +22,7 @@ from seawall_client.clock import Clock
 from seawall_client.serde import encode
 from seawall_client.topics import Topics
 from services.common.failures import is_infrastructure
-from services.common.hop_signing import hop_key_for
+from services.common.hop_signing import hop_key_for, mac_headers
 from services.workers import metrics as m
 from services.workers.engine.base import Engine
 from services.workers.gpu import GpuProbe
@@ -78,9 +78,11 @@ class Telemetry:
         the ``telemetry`` hop)."""
         try:
             value = encode(message)
-            headers = None if self._hop is None else self._hop.headers(topic, value)
             await self._producer.send(
-                topic, value, key=self.settings.pool.encode(), headers=headers
+                topic,
+                value,
+                key=self.settings.pool.encode(),
+                headers=mac_headers(self._hop, topic, value),
             )
         except Exception as e:
             if not is_infrastructure(e):

@@ -11,7 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common.hop_signing import HEADER, HopKey, load_key, make_secret, secret_file
+from services.common.hop_signing import (
+    HEADER,
+    HopKey,
+    lacks_mac,
+    load_key,
+    mac_headers,
+    make_secret,
+    secret_file,
+)
 
 KEY = HopKey("requests", secrets.token_bytes(32))
 TOPIC = "llm.requests.standard"
@@ -45,6 +53,17 @@ def test_another_hops_secret_or_none_is_refused() -> None:
     assert KEY.refusal(TOPIC, value, None) == "unsigned"
     assert KEY.refusal(TOPIC, value, [("traceparent", b"x")]) == "unsigned"
     assert KEY.refusal(TOPIC, value, [(HEADER, b"short")]) == "bad_mac"
+
+
+def test_the_producer_and_consumer_helpers_follow_the_key_and_pass_through_without_one() -> None:
+    value = b"request"
+    trace = [("traceparent", b"00-abc")]
+    assert mac_headers(KEY, TOPIC, value, trace) == KEY.headers(TOPIC, value, trace)
+    assert mac_headers(None, TOPIC, value, trace) is trace  # signatures off: as given
+    assert mac_headers(None, TOPIC, value) is None
+    assert not lacks_mac(KEY, TOPIC, value, mac_headers(KEY, TOPIC, value))
+    assert lacks_mac(KEY, TOPIC, value, trace)
+    assert not lacks_mac(None, TOPIC, value, None)  # signatures off: nothing skipped
 
 
 def test_a_tombstone_is_macced_over_no_bytes() -> None:
