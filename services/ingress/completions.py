@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from dataclasses import dataclass
 
 import anyio
 from fastapi import Request
@@ -71,6 +72,49 @@ async def read_body(request: Request) -> bytes | Refusal:
     return bytes(body)
 
 
+@dataclass(frozen=True, slots=True)
+class _Passed:
+    """A request through the gate: its body, who sent it, from where, and when its
+    receive and authenticate stages ran (nanoseconds, for their spans)."""
+
+    body: bytes
+    principal: Principal
+    source: str
+    region: str
+    received: tuple[int, int]
+    authenticated: tuple[int, int]
+
+
+async def _gate(request: Request) -> _Passed | Refusal:
+    """What ingress checks before it parses a body: its size, the User-Agent, the key,
+    and admission's hint for the tenant (over quota: refused before the body is
+    parsed)."""
+    front = front_of(request)
+    pipeline, settings = front.pipeline, front.settings
+    started = now_ns()
+    body = await read_body(request)
+    received = now_ns()
+    if isinstance(body, Refusal):
+        return body
+    refusal = pipeline.check_user_agent(request.headers.get("user-agent"))
+    if refusal is not None:
+        return refusal
+    source = source_of(request, settings.proxies)
+    authenticating = now_ns()
+    principal = await pipeline.authenticate(
+        bearer(request.headers.get("authorization")), source=source
+    )
+    authenticated = now_ns()
+    if isinstance(principal, Refusal):
+        return principal
+    region, refusal = pipeline.arrive(principal, source)
+    if refusal is not None:
+        return refusal
+    return _Passed(
+        body, principal, source, region, (started, received), (authenticating, authenticated)
+    )
+
+
 async def admit(request: Request, chat: bool, request_id: str, root: Span) -> Admitted | Refusal:
     """The request as it goes onto its priority topic, or why it may not; ``root``: the
     request's span, under which each stage's span is recorded.
@@ -81,38 +125,23 @@ async def admit(request: Request, chat: bool, request_id: str, root: Span) -> Ad
     worth of writes each (0.15-0.2 ms of ingress CPU a refusal, measured); traces are
     for where an accepted request's time goes. Past the gate, the receive and
     authenticate stages are recorded with the times they took."""
-    front = front_of(request)
-    pipeline, settings = front.pipeline, front.settings
-    started = now_ns()
-    body = await read_body(request)
-    received = now_ns()
-    if isinstance(body, Refusal):
+    passed = await _gate(request)
+    if isinstance(passed, Refusal):
         root.discard()
-        return body
-    user_agent = request.headers.get("user-agent")
-    refusal = pipeline.check_user_agent(user_agent)
-    if refusal is not None:
-        root.discard()
-        return refusal
-    source = source_of(request, settings.proxies)
-    authenticating = now_ns()
-    principal = await pipeline.authenticate(
-        bearer(request.headers.get("authorization")), source=source
-    )
-    authenticated = now_ns()
-    if isinstance(principal, Refusal):
-        root.discard()
-        return principal
-    # Over quota by admission's hint: refused before the body is parsed.
-    region, refusal = pipeline.arrive(principal, source)
-    if refusal is not None:
-        root.discard()
-        return refusal
-    TRACER.record("ingress.receive", root.context, started, received)
-    TRACER.record("ingress.authenticate", root.context, authenticating, authenticated)
+        return passed
+    TRACER.record("ingress.receive", root.context, *passed.received)
+    TRACER.record("ingress.authenticate", root.context, *passed.authenticated)
     span = TRACER.start("ingress.screen", root.context)
     try:
-        return await _screen(request, chat, request_id, principal, body, source, region)
+        return await _screen(
+            request,
+            chat,
+            request_id,
+            passed.principal,
+            passed.body,
+            passed.source,
+            passed.region,
+        )
     finally:
         span.end()
 
