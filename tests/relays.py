@@ -1,7 +1,7 @@
 """What the broker-fronting test servers share (``TlsTerminator`` in
 ``tests.integration.test_kafka_security``, ``tests.sasl_proxy.SaslFront``): a listening
 socket whose connections each get a relay task, all cancelled on exit, and the byte
-pipe between two streams; and reading back the first record of a topic."""
+pipe between two streams; and writing one record and reading back a topic's first."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Self
 
 from aiokafka import TopicPartition
 
-from seawall_client.kafka import KafkaConfig, close, new_consumer
+from seawall_client.kafka import KafkaConfig, close, new_consumer, new_producer
 
 
 class RelayServer:
@@ -64,6 +64,16 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
         pass
     finally:
         writer.close()
+
+
+async def write_one(config: KafkaConfig, topic: str, value: bytes, key: bytes) -> None:
+    """One record onto ``topic``, written with ``config`` and acknowledged."""
+    producer = new_producer(config)
+    try:
+        await producer.start()
+        await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await close(producer)
 
 
 async def read_one(config: KafkaConfig, topic: str) -> Any:

@@ -25,7 +25,6 @@ from seawall import embedded
 from seawall_client import SeawallClient
 from seawall_client.kafka import (
     KafkaConfig,
-    close,
     ensure_topics,
     new_admin,
     new_producer,
@@ -41,7 +40,7 @@ from tests.integration.test_kafka_security import (
     tansu,
 )
 from tests.pki import Pki, make_pki
-from tests.relays import read_one
+from tests.relays import read_one, write_one
 from tests.sasl_proxy import SaslFront
 
 pytestmark = pytest.mark.integration
@@ -85,12 +84,7 @@ async def test_scram_credentials_from_env_carry_a_record(tmp_path: Path) -> None
         config = KafkaConfig.from_env(sasl_env(port, "svc-ingress"))
         topic = f"sasl-{uuid.uuid4().hex[:8]}"
         assert await ensure_topics(config, [TopicSpec(topic, 1)]) == [topic]
-        producer = new_producer(config)
-        try:
-            await producer.start()
-            await producer.send_and_wait(topic, b"logged in", key=b"k")
-        finally:
-            await close(producer)
+        await write_one(config, topic, b"logged in", b"k")
         record = await read_one(config, topic)
         assert (record.key, record.value) == (b"k", b"logged in")
     # The admin, the producer and the consumer each logged in, some more than once

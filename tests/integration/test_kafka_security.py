@@ -38,7 +38,6 @@ from seawall.procs import ChildProcess
 from seawall_client import SeawallClient
 from seawall_client.kafka import (
     KafkaConfig,
-    close,
     ensure_topics,
     new_admin,
     new_producer,
@@ -48,7 +47,7 @@ from services.common.bus import wait_for_broker
 from services.controller.faust_app import build_app
 from services.controller.settings import ControllerSettings
 from tests.pki import Pki, make_pki
-from tests.relays import RelayServer, pipe, read_one
+from tests.relays import RelayServer, pipe, read_one, write_one
 
 API_KEY = "sk-sw-0123456789ab_" + "S" * 43
 
@@ -153,12 +152,7 @@ async def test_tls_settings_from_env_carry_a_record_through_a_verified_tls_conne
         await wait_for_broker(config, timeout_s=30)
         topic = f"secure-{uuid.uuid4().hex[:8]}"
         assert await ensure_topics(config, [TopicSpec(topic, 1)]) == [topic]
-        producer = new_producer(config)
-        try:
-            await producer.start()
-            await producer.send_and_wait(topic, b"over tls", key=b"k")
-        finally:
-            await close(producer)
+        await write_one(config, topic, b"over tls", b"k")
         record = await read_one(config, topic)
         assert (record.key, record.value) == (b"k", b"over tls")
         assert terminator.handshakes >= 2  # every client came through TLS

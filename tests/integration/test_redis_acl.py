@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 from prometheus_client import REGISTRY
@@ -26,7 +25,7 @@ from services.common.settings import CommonSettings
 from services.ingress.service import IngressService
 from tests.admission_helpers import admission_settings, started
 from tests.fleet import sim_worker, worker_settings
-from tests.integration.ingress.conftest import ingress_settings, new_key
+from tests.integration.ingress.conftest import ingress_settings, new_key, stream_chat
 
 pytestmark = pytest.mark.integration
 
@@ -143,25 +142,9 @@ async def test_a_request_crosses_the_fleet_logged_in_as_the_services_user(
         rings = REGISTRY.get_sample_value("seawall_doorbell_rings_total") or 0.0
         async with started(ingress, admission, worker):
             key = await new_key(ingress.keystore, "acl-co", Tier.PRO)
-            body = {
-                "model": "default",
-                "messages": [{"role": "user", "content": "Write a haiku about the sea"}],
-                "max_tokens": 16,
-                "stream": True,
-            }
-            async with (
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{ingress.port}", timeout=60) as h,
-                h.stream(
-                    "POST",
-                    "/v1/chat/completions",
-                    json=body,
-                    headers={"Authorization": f"Bearer {key}"},
-                ) as response,
-            ):
-                assert response.status_code == 200
-                events = [
-                    line async for line in response.aiter_lines() if line.startswith("data: ")
-                ]
+            answer = await stream_chat(ingress.port, {"Authorization": f"Bearer {key}"}, 16)
+            assert answer.status == 200
+            events = answer.events
         assert events[-1] == "data: [DONE]"
         assert any(json.loads(e[6:]).get("choices") for e in events[:-1])
         # The doorbell rang through the same login (a ring is counted once Redis took it),

@@ -16,7 +16,7 @@ from services.common.settings import CommonSettings
 from services.ingress.service import IngressService
 from tests.admission_helpers import admission_settings, started
 from tests.fleet import sim_worker, until, worker_settings
-from tests.integration.ingress.conftest import ingress_settings, new_key
+from tests.integration.ingress.conftest import ingress_settings, new_key, stream_chat
 
 pytestmark = pytest.mark.integration
 
@@ -43,20 +43,11 @@ async def test_a_streamed_request_has_every_stage_under_its_parent(
     client_span = tracecontext.new_trace()
     async with started(ingress, admission, worker):
         key = await new_key(ingress.keystore, "traced-co", Tier.PRO)
-        body = {
-            "model": "default",
-            "messages": [{"role": "user", "content": "Write a haiku about the sea"}],
-            "max_tokens": 24,
-            "stream": True,
-        }
         headers = {"Authorization": f"Bearer {key}", tracecontext.HEADER: client_span.header}
-        async with (
-            httpx.AsyncClient(base_url=f"http://127.0.0.1:{ingress.port}", timeout=60) as http,
-            http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response,
-        ):
-            assert response.status_code == 200
-            events = [line async for line in response.aiter_lines() if line.startswith("data: ")]
-            request_id = response.headers["x-request-id"]
+        answer = await stream_chat(ingress.port, headers, max_tokens=24)
+        assert answer.status == 200
+        events = answer.events
+        request_id = answer.headers["x-request-id"]
         assert events[-1] == "data: [DONE]"
         assert any(json.loads(e[6:]).get("choices") for e in events[:-1])
 

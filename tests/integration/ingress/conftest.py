@@ -82,6 +82,34 @@ async def new_key(
     return issued.key
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """A streamed chat answer as the client saw it: its status, its headers and its
+    server-sent ``data:`` lines."""
+
+    status: int
+    headers: httpx.Headers
+    events: list[str]
+
+
+async def stream_chat(
+    port: int, headers: dict[str, str], max_tokens: int, timeout_s: float = 60
+) -> Streamed:
+    """A streamed chat request (a haiku about the sea) to the ingress on ``port``."""
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Write a haiku about the sea"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    async with (
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=timeout_s) as http,
+        http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response,
+    ):
+        events = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    return Streamed(response.status_code, response.headers, events)
+
+
 @pytest.fixture
 async def keys(ingress: IngressService) -> Keys:
     store = ingress.keystore
