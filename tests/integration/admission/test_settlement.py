@@ -13,12 +13,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
-from aiokafka import TopicPartition
+from aiokafka import ConsumerRecord, TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -231,7 +230,12 @@ async def test_a_repeat_settles_nothing_the_request_s_own_completion_does(
                 priority=Priority.STANDARD, tier=Tier.PRO, queue_wait_ms=0.0, latency_ms=0.0,
                 prompt_tokens=used, completion_tokens=0, at=time.time(), repeat=repeat,
             )  # fmt: skip
-            return SimpleNamespace(value=encode(event))
+            value = encode(event)
+            return ConsumerRecord(
+                topic="llm.completions", partition=0, offset=0, timestamp=0,
+                timestamp_type=0, key=None, value=value, checksum=None,
+                serialized_key_size=0, serialized_value_size=len(value), headers=(),
+            )  # fmt: skip
 
         await handler.decide(completion(True, 0))
         assert await client.get(keys.reservation("acme", "r1")) == b"100"
