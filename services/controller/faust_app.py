@@ -67,6 +67,9 @@ def build_app(settings: ControllerSettings, datadir: Path) -> faust.App:
         or settings.consumer_fetch_max_wait_ms,
         broker=[f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")],
         broker_credentials=broker_credentials(settings.kafka),
+        # Named like every other client of the fleet (``seawall-<instance>``), not
+        # faust's version: broker logs, client-id quotas and audits see which process.
+        broker_client_id=settings.kafka.client_id,
         store="memory://",
         processing_guarantee="at_least_once",
         topic_partitions=settings.topic_partitions,

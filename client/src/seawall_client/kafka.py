@@ -732,17 +732,29 @@ async def ensure_topics(
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
-            # Another process may create them meanwhile.
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(
-                    [
-                        NewTopic(s.name, s.partitions, replication, topic_configs=s.config)
-                        for s in missing
-                    ]
-                )
+            response = await admin.create_topics(
+                [
+                    NewTopic(s.name, s.partitions, replication, topic_configs=s.config)
+                    for s in missing
+                ]
+            )
+            raise_creation_failures(response.topic_errors)
         return [s.name for s in missing]
     finally:
         await admin.close()
+
+
+def raise_creation_failures(topic_errors: Iterable[tuple[Any, ...]]) -> None:
+    """Raise the first error a ``CreateTopics`` answer gives a topic (aiokafka returns
+    the answer as it came, errors and all): not allowed to (an ACL), an invalid
+    setting... A topic that exists already is no failure: another process may have
+    created it meanwhile."""
+    for topic, code, *message in topic_errors:
+        if code in (0, TopicAlreadyExistsError.errno):
+            continue
+        error = for_code(code)
+        detail = f": {message[0]}" if message and message[0] else ""
+        raise error(f"topic {topic} was not created ({error.__name__}{detail})")
 
 
 async def delete_topics(
