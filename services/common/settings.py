@@ -47,6 +47,10 @@ class CommonSettings(BaseSettings):
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
     """Shown as ``**********`` wherever the settings are printed or logged."""
+    kafka_sasl_password_file: Path | None = None
+    """A file holding the password (its first line), as compose/ and the Kubernetes
+    manifests mount it (``seawall kafka-secrets``): never in an environment that ``ps``
+    and crash reports can read. Not together with ``kafka_sasl_password``."""
     kafka_sasl_oauth_token: SecretStr | None = None
     """``OAUTHBEARER``: a static bearer token (``seawall_client.kafka.StaticTokenProvider``)."""
     kafka_ssl_cafile: str | None = None
@@ -148,6 +152,9 @@ class CommonSettings(BaseSettings):
     @property
     def kafka(self) -> KafkaConfig:
         """What the Kafka clients are built from (``seawall_client.kafka``)."""
+        return self._kafka_config(self._kafka_password())
+
+    def _kafka_config(self, password: str | None) -> KafkaConfig:
         return KafkaConfig(
             bootstrap=self.kafka_bootstrap,
             idempotence=self.kafka_idempotence,
@@ -159,12 +166,19 @@ class CommonSettings(BaseSettings):
             security_protocol=self.kafka_security_protocol,
             sasl_mechanism=self.kafka_sasl_mechanism,
             sasl_username=self.kafka_sasl_username,
-            sasl_password=_revealed(self.kafka_sasl_password),
+            sasl_password=password,
             sasl_oauth_token=_revealed(self.kafka_sasl_oauth_token),
             ssl_cafile=self.kafka_ssl_cafile,
             ssl_certfile=self.kafka_ssl_certfile,
             ssl_keyfile=self.kafka_ssl_keyfile,
         )
+
+    def _kafka_password(self) -> str | None:
+        """From ``kafka_sasl_password_file`` where set (read at each call, so a rotated
+        password reaches the next client built), else ``kafka_sasl_password``."""
+        if self.kafka_sasl_password_file is None:
+            return _revealed(self.kafka_sasl_password)
+        return _first_line(self.kafka_sasl_password_file)
 
     @property
     def redis_credentials(self) -> dict[str, str]:
@@ -175,10 +189,7 @@ class CommonSettings(BaseSettings):
         if self.redis_username is not None:
             out["username"] = self.redis_username
         if self.redis_password_file is not None:
-            lines = self.redis_password_file.read_text().splitlines()
-            if not lines or not lines[0].strip():
-                raise ValueError(f"{self.redis_password_file}: no password in it")
-            out["password"] = lines[0].strip()
+            out["password"] = _first_line(self.redis_password_file)
         return out
 
     @model_validator(mode="after")
@@ -187,6 +198,10 @@ class CommonSettings(BaseSettings):
             raise ValueError(
                 "redis_password_file and a password in redis_url: give the password once"
             )
+        if self.kafka_sasl_password_file is not None and self.kafka_sasl_password is not None:
+            raise ValueError(
+                "kafka_sasl_password_file and kafka_sasl_password: give the password once"
+            )
         if self.redis_fanout >= self.redis_max_connections:
             raise ValueError("redis_fanout must be below redis_max_connections")
         if 3 * self.consumer_heartbeat_ms > self.consumer_session_timeout_ms:
@@ -194,7 +209,10 @@ class CommonSettings(BaseSettings):
         busy = self.consumer_fetch_busy_wait_ms
         if busy is not None and busy > self.consumer_fetch_max_wait_ms:
             raise ValueError("consumer_fetch_busy_wait_ms must be at most the fetch wait")
-        self.kafka  # noqa: B018 - KafkaConfig checks the security settings together
+        # KafkaConfig checks the security settings together; a password file is read when
+        # a client is built, not here (it may be mounted only where the process runs).
+        given = self.kafka_sasl_password_file is not None or self.kafka_sasl_password
+        self._kafka_config("(given)" if given else None)
         return self
 
     @field_validator(
@@ -222,6 +240,7 @@ class CommonSettings(BaseSettings):
         "sampling_secret_file",
         "redis_username",
         "redis_password_file",
+        "kafka_sasl_password_file",
         mode="before",
     )
     @classmethod
@@ -236,6 +255,13 @@ class CommonSettings(BaseSettings):
 
 def _revealed(secret: SecretStr | None) -> str | None:
     return None if secret is None else secret.get_secret_value()
+
+
+def _first_line(path: Path) -> str:
+    lines = path.read_text().splitlines()
+    if not lines or not lines[0].strip():
+        raise ValueError(f"{path}: no password in it")
+    return lines[0].strip()
 
 
 def _url_password(url: str) -> bool:

@@ -4,6 +4,8 @@ to start on settings that contradict each other."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -90,3 +92,34 @@ def test_blank_variables_are_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         monkeypatch.setenv(name, " ")
     assert CommonSettings(instance_id="x").kafka == KafkaConfig(instance_id="x")
+
+
+def test_the_password_can_come_from_a_file_read_when_a_client_is_built(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """compose/ mounts each principal's password as a file (``seawall kafka-secrets``):
+    its first line is the password, read at each client built, so a rotated file is
+    taken without a restart; a file that is not there yet does not stop the settings
+    from loading, and a password given twice is refused."""
+    env = {k: v for k, v in ENV.items() if k != "SEAWALL_KAFKA_SASL_PASSWORD"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    secret = tmp_path / "kafka_password"
+    monkeypatch.setenv("SEAWALL_KAFKA_SASL_PASSWORD_FILE", str(secret))
+    settings = CommonSettings()  # the file is read later
+    secret.write_text(f"{PASSWORD}\n")
+    assert settings.kafka.sasl_password == PASSWORD
+    assert connection_options(settings.kafka)["sasl_plain_password"] == PASSWORD
+    secret.write_text("rotated\n")
+    assert settings.kafka.sasl_password == "rotated"
+    assert "rotated" not in f"{settings!r} {settings.model_dump()}"
+    secret.write_text("\n")
+    with pytest.raises(ValueError, match="no password in it"):
+        settings.kafka  # noqa: B018
+    monkeypatch.setenv("SEAWALL_KAFKA_SASL_PASSWORD", PASSWORD)
+    with pytest.raises(ValidationError, match="give the password once"):
+        CommonSettings()
+    monkeypatch.delenv("SEAWALL_KAFKA_SASL_PASSWORD")
+    monkeypatch.delenv("SEAWALL_KAFKA_SASL_PASSWORD_FILE")
+    with pytest.raises(ValidationError, match="needs sasl_username and sasl_password"):
+        CommonSettings()  # SASL with neither a password nor its file
