@@ -412,6 +412,29 @@ def redis_acl(
     typer.echo(write_acl(directory, prefix))
 
 
+@app.command("kafka-secrets")
+def kafka_secrets(
+    directory: Annotated[Path, typer.Argument(help="Where the files go (owner-only).")],
+    prefix: Annotated[
+        str, typer.Option(help="The services' SEAWALL_TOPIC_PREFIX: their topics' prefix.")
+    ] = "",
+    host: Annotated[
+        list[str] | None,
+        typer.Option(help="A name the broker answers to (repeat); first: its advertised one."),
+    ] = None,
+) -> None:
+    """Make what an Apache Kafka broker needs to admit only seawall's principals over
+    TLS, each with the ACLs of its role (seawall.kafka_secrets): a password per
+    principal (seawall-ingress, -admission, -workers, -controller, -operator, admin), a
+    CA and the broker's certificate, server.properties (SASL_SSL, SCRAM-SHA-512,
+    StandardAuthorizer), start-kafka.sh, admin.properties and acls.sh. Passwords and
+    the CA are made where missing. compose/ mounts them (deploy/README.md)."""
+    from seawall.kafka_secrets import DEFAULT_HOSTS, write_kafka_secrets
+
+    write_kafka_secrets(directory, prefix, tuple(host) if host else DEFAULT_HOSTS)
+    typer.echo(directory)
+
+
 app.add_typer(keys_app, name="keys", help="Create, list, rotate and revoke API keys.")
 app.add_typer(quota_app, name="quota", help="Change a tenant's quota while the fleet runs.")
 app.add_typer(region_app, name="region", help="Throttle a client region while the fleet runs.")

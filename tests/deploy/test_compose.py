@@ -15,8 +15,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs in the dev set
+import pytest
 import yaml
 
+from seawall.kafka_acl import ADMISSION, CONTROLLER, INGRESS, WORKERS
+from seawall.kafka_secrets import write_kafka_secrets
 from tests.deploy.conftest import LoadSettings
 
 HERE = Path(__file__).resolve().parent
@@ -126,34 +129,136 @@ def test_every_interpolation_has_a_default() -> None:
     assert not re.search(r"\$(?!\{|\$)", text.replace("$$", "")), "a bare $VARIABLE"
 
 
-def test_kafka_is_kraft_with_a_listener_for_the_host_and_one_for_containers() -> None:
-    kafka = environment(load()["services"]["kafka"])
-    assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"
-    assert kafka["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
-    advertised = listeners(kafka["KAFKA_ADVERTISED_LISTENERS"])
-    bound = listeners(kafka["KAFKA_LISTENERS"])
-    protocols = dict(p.split(":") for p in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+@pytest.fixture(scope="module")
+def kafka_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What `seawall kafka-secrets compose/secrets/kafka` writes (compose mounts it)."""
+    directory = tmp_path_factory.mktemp("kafka-secrets")
+    write_kafka_secrets(directory)
+    return directory
+
+
+def properties(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key] = value
+    return out
+
+
+def mounted_secrets(service: Obj) -> dict[str, str]:
+    """Target → source of a service's secrets (a bare name: /run/secrets/<name>)."""
+    out = {}
+    for s in service.get("secrets", []):
+        if isinstance(s, str):
+            out[f"/run/secrets/{s}"] = s
+        else:
+            out[s["target"]] = s["source"]
+    return out
+
+
+def test_kafka_is_kraft_and_admits_only_authenticated_principals_over_tls(
+    kafka_files: Path,
+) -> None:
+    compose = load()
+    kafka = compose["services"]["kafka"]
+    assert kafka["command"] == ["bash", "/run/secrets/kafka_start"]
+    mounted = mounted_secrets(kafka)
+    for name, file in (
+        ("kafka_start", "start-kafka.sh"),
+        ("kafka_server_properties", "server.properties"),
+        ("kafka_broker_pem", "broker.pem"),
+        ("kafka_ca", "ca.pem"),
+        ("kafka_admin_properties", "admin.properties"),
+    ):
+        assert mounted[f"/run/secrets/{name}"] == name
+        assert compose["secrets"][name] == {"file": f"./secrets/kafka/{file}"}
+    conf = properties(kafka_files / "server.properties")
+    assert conf["process.roles"] == "broker,controller"
+    assert conf["auto.create.topics.enable"] == "false"
+    # Every path the broker reads is a secret compose mounts in its container.
+    for key in ("ssl.keystore.location", "ssl.truststore.location"):
+        assert conf[key] in mounted, key
+    assert "/run/secrets/kafka_server_properties" in (kafka_files / "start-kafka.sh").read_text()
+    advertised = listeners(conf["advertised.listeners"])
+    bound = listeners(conf["listeners"])
+    protocols = dict(p.split(":") for p in conf["listener.security.protocol.map"].split(","))
     assert set(bound) == set(protocols)
     for name, (_, port) in advertised.items():
         assert bound[name][1] == port, name
-    assert ("127.0.0.1", 9092) in advertised.values()  # processes on the host
-    assert ("kafka", 19092) in advertised.values()  # containers
-    assert kafka["KAFKA_INTER_BROKER_LISTENER_NAME"] in advertised
+        assert protocols[name] == "SASL_SSL", name  # every listener a client reaches
+    assert advertised["HOST"] == ("127.0.0.1", 9092)  # processes on the host
+    assert advertised["INTERNAL"] == ("kafka", 19092)  # containers
+    assert conf["inter.broker.listener.name"] in advertised
+    # The controller listener is this process's alone, and still logs in.
+    assert bound["CONTROLLER"][0] == "localhost"
+    assert protocols["CONTROLLER"] == "SASL_PLAINTEXT"
+    assert conf["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert conf["ssl.endpoint.identification.algorithm"] == "https"
+    assert conf["authorizer.class.name"].endswith("StandardAuthorizer")
+    assert conf["allow.everyone.if.no.acl.found"] == "false"
+    assert conf["super.users"] == "User:admin"
+    assert kafka["ports"] == ["127.0.0.1:9092:9092"]
+    health = kafka["healthcheck"]["test"]
+    assert "/run/secrets/kafka_admin_properties" in health  # the check logs in too
 
 
-def test_every_seawall_service_reaches_kafka_and_redis_inside_the_network() -> None:
+def test_the_acls_are_applied_once_before_any_service_starts() -> None:
     compose = load()
-    kafka = environment(compose["services"]["kafka"])
-    internal = {
-        f"{host}:{port}"
-        for host, port in listeners(kafka["KAFKA_ADVERTISED_LISTENERS"]).values()
-        if host != "127.0.0.1"
+    acls = compose["services"]["kafka-acls"]
+    assert acls["command"] == ["bash", "/run/secrets/kafka_acls"]
+    assert acls["restart"] == "no"
+    assert acls["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert set(mounted_secrets(acls).values()) == {
+        "kafka_acls",
+        "kafka_admin_properties",
+        "kafka_ca",
     }
+    for name, service in seawall_services(compose).items():
+        condition = service["depends_on"]["kafka-acls"]["condition"]
+        assert condition == "service_completed_successfully", name
+
+
+PRINCIPAL_OF_MODULE = {
+    "services.ingress": INGRESS,
+    "services.admission": ADMISSION,
+    "services.controller": CONTROLLER,
+    "services.workers": WORKERS,
+}
+
+
+def test_each_service_logs_in_as_its_own_principal_with_its_password_only(
+    kafka_files: Path,
+) -> None:
+    compose = load()
+    conf = properties(kafka_files / "server.properties")
+    internal = "{}:{}".format(*listeners(conf["advertised.listeners"])["INTERNAL"])
     services = seawall_services(compose)
     assert services
     for name, service in services.items():
         env = environment(service)
-        assert env["SEAWALL_KAFKA_BOOTSTRAP"] in internal, name
+        principal = PRINCIPAL_OF_MODULE[module_of(service)]
+        assert env["SEAWALL_KAFKA_BOOTSTRAP"] == internal, name
+        assert env["SEAWALL_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", name
+        assert env["SEAWALL_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
+        assert env["SEAWALL_KAFKA_SASL_USERNAME"] == principal, name
+        assert env["SEAWALL_KAFKA_SSL_CAFILE"] == "/run/secrets/kafka_ca", name
+        mounted = mounted_secrets(service)
+        assert mounted["/run/secrets/kafka_ca"] == "kafka_ca", name
+        source = mounted[env["SEAWALL_KAFKA_SASL_PASSWORD_FILE"]]
+        assert compose["secrets"][source] == {"file": f"./secrets/kafka/{principal}.password"}
+        others = {s for s in mounted.values() if s.startswith("kafka_password")} - {source}
+        assert not others, name
+        # The broker knows the principal: start-kafka.sh adds its SCRAM credential.
+        assert f"name={principal}," in (kafka_files / "start-kafka.sh").read_text(), name
+
+
+def test_every_seawall_service_reaches_kafka_and_redis_inside_the_network() -> None:
+    compose = load()
+    services = seawall_services(compose)
+    assert services
+    for name, service in services.items():
+        env = environment(service)
         assert env["SEAWALL_KAFKA_IDEMPOTENCE"] == "true", name  # Apache Kafka
         redis = re.fullmatch(r"redis://([^:/]+):6379/\d+", env["SEAWALL_REDIS_URL"])
         assert redis is not None, name
@@ -255,7 +360,11 @@ def test_each_service_gets_only_the_keys_of_its_roles_and_hops() -> None:
     own = {"admission": None, "controller": "controller"}
     own |= {name: "worker" for name in compose["services"] if name.startswith("worker-")}
     for name, role in own.items():
-        mounted = {s["target"]: s["source"] for s in compose["services"][name]["secrets"]}
+        mounted = {
+            target: source
+            for target, source in mounted_secrets(compose["services"][name]).items()
+            if not source.startswith("kafka_")  # Kafka's (the test above)
+        }
         expected = {
             f"{keys_dir}/trusted.pub": "control_trusted",
             # the workers MAC their reports, admission and the controller check them
@@ -276,7 +385,7 @@ def test_each_service_gets_only_the_keys_of_its_roles_and_hops() -> None:
     ingress = compose["services"]["ingress"]["secrets"]
     assert {"source": "hop_requests", "target": f"{keys_dir}/requests.hmac"} in ingress
     assert {"source": "hop_hints", "target": f"{keys_dir}/hints.hmac"} in ingress
-    assert len(ingress) == 4  # those, the pepper and Redis's password
+    assert len(ingress) == 6  # those, the pepper, Redis's password, Kafka's and its CA
 
 
 REDIS_PASSWORD = "/run/secrets/redis_password"

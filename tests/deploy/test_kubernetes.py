@@ -16,6 +16,8 @@ import kubernetes_validate  # type: ignore[import-untyped]  # ships no types
 import pytest
 import yaml
 
+from seawall.kafka_acl import ADMISSION, CONTROLLER, INGRESS, WORKERS
+from seawall.kafka_secrets import write_kafka_secrets
 from tests.deploy.conftest import LoadSettings
 from tests.deploy.kustomize import KustomizeError, build, merge
 
@@ -377,16 +379,96 @@ def test_the_sim_overlay_runs_simulated_workers_beside_its_own_kafka_and_redis()
     kafka_host, kafka_port = env["SEAWALL_KAFKA_BOOTSTRAP"].split(":")
     kafka = one(objects, "Service", kafka_host)
     assert kafka["spec"]["ports"][0]["port"] == int(kafka_port)
-    broker = {e["name"]: e["value"] for e in container(one(objects, "Deployment", "kafka"))["env"]}
-    assert f"//{kafka_host}:{kafka_port}" in broker["KAFKA_ADVERTISED_LISTENERS"]
-    assert broker["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
-    assert broker["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    assert container(one(objects, "Deployment", "kafka"))["ports"][0]["containerPort"] == int(
+        kafka_port
+    )
     redis_host = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", env["SEAWALL_REDIS_URL"])
     assert redis_host is not None
     redis = one(objects, "Service", redis_host.group(1))
     assert redis["spec"]["ports"][0]["port"] == int(redis_host.group(2))
     # One broker: every partition has one replica.
     assert env["SEAWALL_TOPIC_REPLICATION"] == "1"
+
+
+KAFKA_SECRET = "seawall-kafka"
+PRINCIPAL_OF_MODULE = {
+    "services.ingress": INGRESS,
+    "services.admission": ADMISSION,
+    "services.controller": CONTROLLER,
+    "services.workers": WORKERS,
+}
+
+
+def secret_items(d: Obj, mount_path: str) -> tuple[str, dict[str, str]]:
+    """The Secret ``d``'s container mounts (read-only) at ``mount_path``, and its items
+    (file name → key)."""
+    (mount,) = [m for m in container(d)["volumeMounts"] if m["mountPath"] == mount_path]
+    assert mount["readOnly"] is True
+    volumes = d["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+    items = {i["path"]: i["key"] for i in volume["secret"]["items"]}
+    return volume["secret"]["secretName"], items
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_service_logs_in_to_kafka_as_its_principal_with_its_password_only(
+    overlay: str,
+) -> None:
+    objects = render(overlay)
+    for d in seawall_deployments(objects):
+        name = d["metadata"]["name"]
+        env = env_of(d, objects)
+        principal = PRINCIPAL_OF_MODULE[module_of(d) or ""]
+        assert env["SEAWALL_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", name
+        assert env["SEAWALL_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
+        assert env["SEAWALL_KAFKA_SASL_USERNAME"] == principal, name
+        password, ca = Path(env["SEAWALL_KAFKA_SASL_PASSWORD_FILE"]), env["SEAWALL_KAFKA_SSL_CAFILE"]
+        assert Path(ca).parent == password.parent, name
+        secret, items = secret_items(d, str(password.parent))
+        assert secret == KAFKA_SECRET, name
+        # Its own password, under the name `seawall kafka-secrets` gives it, and the CA.
+        assert items == {password.name: f"{principal}.password", Path(ca).name: "ca.pem"}, name
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    assert f"create secret generic {KAFKA_SECRET}" in readme
+
+
+def test_the_sim_overlays_kafka_admits_only_seawalls_principals_with_their_acls(
+    tmp_path: Path,
+) -> None:
+    """The broker runs `seawall kafka-secrets`'s start script on its server.properties,
+    every file they read mounted from the Secret under the name they read it by; the
+    Job applies the ACLs as `admin`; the address the broker advertises to containers is
+    the one the services are given."""
+    write_kafka_secrets(tmp_path, hosts=("kafka", "localhost", "127.0.0.1"))
+    objects = render("sim")
+    broker = one(objects, "Deployment", "kafka")
+    assert container(broker)["command"] == ["bash", "/run/secrets/kafka_start"]
+    secret, items = secret_items(broker, "/run/secrets")
+    assert secret == KAFKA_SECRET
+    assert items["kafka_start"] == "start-kafka.sh"
+    assert items["kafka_server_properties"] == "server.properties"
+    server = (tmp_path / "server.properties").read_text()
+    start = (tmp_path / "start-kafka.sh").read_text()
+    for path in re.findall(r"/run/secrets/(\w+)", server + start):
+        assert path in items, path
+        assert (tmp_path / items[path]).exists(), path
+    advertised = re.search(r"INTERNAL://([^,\n]+)", server.split("advertised.listeners=")[1])
+    assert advertised is not None
+    env = env_of(one(objects, "Deployment", "ingress"), objects)
+    assert advertised.group(1) == env["SEAWALL_KAFKA_BOOTSTRAP"]
+    pod = broker["spec"]["template"]["spec"]
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+    job = one(objects, "Job", "kafka-acls")
+    assert container(job)["command"] == ["bash", "/run/secrets/kafka_acls"]
+    secret, items = secret_items(job, "/run/secrets")
+    assert secret == KAFKA_SECRET
+    assert items == {
+        "kafka_acls": "acls.sh",
+        "kafka_admin_properties": "admin.properties",
+        "kafka_ca": "ca.pem",
+    }
+    assert "/run/secrets/kafka_admin_properties" in (tmp_path / "acls.sh").read_text()
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
 
 
 def test_the_gpu_overlay_runs_the_main_pool_on_vllm_one_gpu_per_worker() -> None:
