@@ -25,7 +25,20 @@ _PIECES: Final = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+|\S")
 CHARS_PER_TOKEN: Final = 4
 
 
+_TOKENS_BY_LENGTH: Final = tuple(
+    max(1, (n + CHARS_PER_TOKEN // 2) // CHARS_PER_TOKEN) for n in range(256)
+)
+"""The tokens of a piece of each length below 256 (single characters: one)."""
+
+
 def count_tokens(text: str) -> int:
-    # Single characters (ideographs, punctuation) come out as one token each here too.
+    """The rules above. Ingress counts every prompt, so the pieces' tokens are looked up
+    by length, in C, unless a piece is longer than the table: a per-piece Python sum
+    was 1.8 ms of a 16 KiB prompt of 8,000 pieces."""
+    lengths = list(map(len, _PIECES.findall(text)))
+    if not lengths:
+        return 0
+    if max(lengths) < len(_TOKENS_BY_LENGTH):
+        return sum(map(_TOKENS_BY_LENGTH.__getitem__, lengths))
     half = CHARS_PER_TOKEN // 2
-    return sum(max(1, (len(p) + half) // CHARS_PER_TOKEN) for p in _PIECES.findall(text))
+    return sum(max(1, (n + half) // CHARS_PER_TOKEN) for n in lengths)
