@@ -422,7 +422,10 @@ def test_each_service_logs_in_to_kafka_as_its_principal_with_its_password_only(
         assert env["SEAWALL_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", name
         assert env["SEAWALL_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
         assert env["SEAWALL_KAFKA_SASL_USERNAME"] == principal, name
-        password, ca = Path(env["SEAWALL_KAFKA_SASL_PASSWORD_FILE"]), env["SEAWALL_KAFKA_SSL_CAFILE"]
+        password, ca = (
+            Path(env["SEAWALL_KAFKA_SASL_PASSWORD_FILE"]),
+            env["SEAWALL_KAFKA_SSL_CAFILE"],
+        )
         assert Path(ca).parent == password.parent, name
         secret, items = secret_items(d, str(password.parent))
         assert secret == KAFKA_SECRET, name
