@@ -47,8 +47,8 @@ from seawall_client.signing import key_id_of
 from seawall_client.topics import RedisKeys, Topics
 from seawall_client.tracecontext import TraceContext
 from services.common.hop_signing import hop_key_for, mac_headers
-from services.common.sensitive import MAX_FINDINGS, Finding, screen, summary
-from services.common.tokenizer import count_tokens
+from services.common.screening import Screener
+from services.common.sensitive import MAX_FINDINGS, Finding, summary
 from services.ingress import metrics as m
 from services.ingress.arrivals import ArrivalCounter
 from services.ingress.denials import DenialAudit, FailureLimiter
@@ -159,6 +159,9 @@ class IngressPipeline:
         self._regions = RegionTable(settings.region_table)
         self._long_share = m.LongPromptShare(clock=clock)
         m.LONG_PROMPT_SHARE.set_function(self._long_share.reading)
+        self.screener = Screener(settings.screen_workers, settings.screen_offload_chars)
+        """Counts and screens each prompt, long ones off the event loop; the service
+        starts and closes it."""
         self.hints = QuotaHints(settings.quota_hint_tenants)
         self.arrivals = ArrivalCounter(clock)
         """Fed by the service's hint follower (``llm.quota.hints``)."""
@@ -323,12 +326,11 @@ class IngressPipeline:
                 "max_tokens",
             )
         texts = _texts(request)
-        tokens = sum(count_tokens(t) for t in texts)
+        analysis = await self.screener.analyse(texts, principal.policy.sensitive)
+        tokens, screenings = analysis.tokens, analysis.screenings
         m.PROMPT_TOKENS.observe(tokens)
         self._long_share.observe(tokens)
 
-        policy = principal.policy.sensitive
-        screenings = [screen(t, policy) for t in texts]
         findings = [f for sc in screenings for f in sc.findings]
         if findings:
             flooded = any(sc.flooded for sc in screenings) or len(findings) > MAX_FINDINGS
@@ -349,9 +351,7 @@ class IngressPipeline:
             client={**data["client"], "region": region},
         )
         redacted = [sc.text for sc in screenings]
-        if redacted != texts:  # what the engine will read
-            tokens = sum(count_tokens(t) for t in redacted)
-        data["prompt_tokens"] = tokens  # whatever a producer wrote there
+        data["prompt_tokens"] = analysis.redacted_tokens  # what the engine will read
         if request.prompt is not None:
             data["prompt"] = redacted[0]
         else:

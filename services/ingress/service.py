@@ -153,6 +153,7 @@ class IngressService(Component):
         if s.dev_pepper:
             log.warning("SEAWALL_DEV_MODE without a pepper: using the development pepper")
         await ensure_topics(s.kafka, self.topics.specs())
+        await self.pipeline.screener.start()
         await self._producer.start()
         await self.denials.start()
         await self.router.start()
@@ -224,6 +225,7 @@ class IngressService(Component):
             await self.router.stop()
             await self.denials.stop()
         finally:
+            await self.pipeline.screener.close()
             await close(self._producer)
             await self._redis.aclose()
             if self._socket is not None:

@@ -71,6 +71,13 @@ class IngressSettings(CommonSettings):
     (``schemas.base.MAX_REQUEST_BYTES``): an HTTP body above it is refused (413), a
     WebSocket frame answered with an error frame, a record on the ingress topic
     dead-lettered (``too_large``)."""
+    screen_workers: int = Field(default=1, ge=0, le=64)
+    """Processes that count and screen long prompts off the event loop
+    (``services.common.screening``): a 16 KiB prompt built to make the screen work
+    hardest costs 2-3 ms, during which the loop would answer no one. 0: inline."""
+    screen_offload_chars: int = Field(default=4096, ge=0)
+    """Prompts of at least this many characters (all texts together) go to a screening
+    worker; shorter ones are screened inline, where handing over would cost more."""
 
     user_agent_blacklist: CommaList = DEFAULT_SUBSTRINGS
     """Case-insensitive substrings."""
