@@ -30,6 +30,7 @@ from typing import Any
 
 from _common import ratio
 from _incident_des import Outcome, run_uncontrolled
+from _incident_peers import PEERS, refused_share, run_peer
 from _incident_report import per_window
 from _incident_scenario import CLASSES, Scenario, arrivals, sample
 from _incident_seawall import Harness, SeawallRun
@@ -113,17 +114,90 @@ def burst_figures(s: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     }
 
 
+ARMS = ("uncontrolled", "vllm", "litellm", "gie", "seawall")
+PEER_ARMS = ("vllm", "litellm", "gie")
+NEAR_ZERO_GOODPUT_PER_S = 1.0
+"""Below this, a peer's goodput is no denominator: its ratio is left out."""
+
+
+def good_within_slo(outcomes: Sequence[Outcome], slo_s: float) -> int:
+    """Good answers: the requested model's full answer (``ok``) within the SLO. Refusals,
+    canned replies and degraded answers (smaller model, truncated) are not."""
+    return sum(
+        1 for o in outcomes if o.kind == "ok" and o.latency is not None and o.latency <= slo_s
+    )
+
+
+def arm_figures(s: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """One arm at one level: the burst window's goodput (good answers per second),
+    degraded answers within the SLO apart, each class's share of good answers, the VIP
+    P99 in the burst over its P99 in the same run's steady window, refusals."""
+    windows = per_window(s, outcomes)
+    lo, hi = s.windows()["burst"]
+    inside = [o for o in outcomes if lo <= o.arrival.at < hi]
+    vip = Priority.VIP.value
+    attainment = {
+        c.value: (
+            good_within_slo(mine, s.slo_s) / len(mine)
+            if (mine := [o for o in inside if o.arrival.priority is c])
+            else None
+        )
+        for c in CLASSES
+    }
+    degraded = sum(
+        1 for o in inside if o.kind == "degraded" and o.latency is not None and o.latency <= s.slo_s
+    )
+    return {
+        "goodput_per_s": good_within_slo(inside, s.slo_s) / (hi - lo),
+        "degraded_within_slo_per_s": degraded / (hi - lo),
+        "slo_attainment": attainment,
+        "all_slo_attainment": good_within_slo(inside, s.slo_s) / len(inside) if inside else None,
+        "vip_slo_attainment": attainment[vip],
+        "vip_p99_s": windows["burst"][vip]["p99_s"],
+        "vip_p99_steady_s": windows["steady"][vip]["p99_s"],
+        "vip_p99_over_steady": ratio(
+            windows["burst"][vip]["p99_s"], windows["steady"][vip]["p99_s"]
+        ),
+        "refused_share": refused_share(inside),
+    }
+
+
+def over_best_peer(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Seawall's goodput over the best peer's (vLLM, LiteLLM, the GIE; the uncontrolled
+    arm is no peer), with both absolute figures; no ratio over a goodput under
+    ``NEAR_ZERO_GOODPUT_PER_S``."""
+    best = max(PEER_ARMS, key=lambda a: arms[a]["goodput_per_s"])
+    peer = arms[best]["goodput_per_s"]
+    mine = arms["seawall"]["goodput_per_s"]
+    return {
+        "best_peer": best,
+        "best_peer_goodput_per_s": peer,
+        "seawall_goodput_per_s": mine,
+        "ratio": mine / peer if peer >= NEAR_ZERO_GOODPUT_PER_S else None,
+    }
+
+
 def run_level(base: Scenario, harness: Harness, level: Level) -> dict[str, Any]:
     s, capacity = scenario_at(base, level)
     traffic = arrivals(s)
-    cores = [SimCore(s.engine(s.main_model), seed=i) for i in range(s.main_gpus)]
+    gpus = s.main_gpus + s.small_gpus  # every arm gets every GPU (_incident_peers)
+    cores = [SimCore(s.engine(s.main_model), seed=i) for i in range(gpus)]
     uncontrolled = run_uncontrolled(traffic, cores, s.timeout_s)
     seawall, _ = SeawallRun(s, traffic, harness).run()
+    peers = {p.name: run_peer(s, traffic, p) for p in PEERS}
+    arms = {
+        name: arm_figures(s, outcomes)
+        for name, outcomes in (("uncontrolled", uncontrolled), *peers.items(), ("seawall", seawall))
+    }
     a, b = per_window(s, uncontrolled), per_window(s, seawall)
     fa, fb = burst_figures(s, uncontrolled), burst_figures(s, seawall)
     vip = Priority.VIP.value
+    best = over_best_peer(arms)
     return {
         "name": level.name,
+        "arms": arms,
+        "seawall_over_best_peer_goodput": best["ratio"],
+        "best_peer": best,
         "offered_load_vs_capacity": level.load,
         "long_share": s.long_share,
         "burst_factor": s.burst_factor,

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import fmt, output_dir, ratio
+from _common import commit, fmt, output_dir, ratio
 from _incident_des import run_uncontrolled
 from _incident_levels import LEVELS, run_level, saturation
 from _incident_report import control_summary, per_window, plot, ratios
@@ -71,7 +71,8 @@ def uncontrolled_growth(s: Scenario) -> dict[str, Any]:
     variants += [(s.seed, 0.9), (s.seed, 1.1)]
     for seed, k in variants:
         v = dataclasses.replace(s, seed=seed, steady_rate=s.steady_rate * k)
-        cores = [SimCore(v.engine(v.main_model), seed=i) for i in range(v.main_gpus)]
+        gpus = v.main_gpus + v.small_gpus
+        cores = [SimCore(v.engine(v.main_model), seed=i) for i in range(gpus)]
         r = per_window(v, run_uncontrolled(arrivals(v), cores, v.timeout_s))
         steady, burst = r["steady"]["all"]["p99_s"], r["burst"]["all"]["p99_s"]
         rows.append(
@@ -131,19 +132,27 @@ def percent(share: float | None) -> float | None:
 
 
 def print_levels(levels: list[dict[str, Any]]) -> None:
-    print("\noffered load levels (burst window; (a) uncontrolled, (b) seawall):")
+    print("\noffered load levels, burst window, every arm on the same GPUs and arrivals:")
     print(
-        f"{'level':<34}{'load':>6}{'VIP p99/steady (a)':>20}{'(b)':>7}{'goodput (b)/(a)':>17}"
-        f"{'smooth (b)/(a)':>16}{'VIP SLO (b)':>13}{'basic Jain (b)':>16}"
+        f"{'level':<34}{'arm':<14}{'goodput/s':>10}{'degraded/s':>11}{'SLO all':>9}"
+        f"{'SLO VIP':>9}{'VIP p99/steady':>16}{'refused':>9}"
     )
     for lv in levels:
-        v = lv["vip_p99_over_steady"]
+        for i, (arm, f) in enumerate(lv["arms"].items()):
+            name = lv["name"] if i == 0 else ""
+            print(
+                f"{name:<34}{arm:<14}{f['goodput_per_s']:>10.1f}"
+                f"{f['degraded_within_slo_per_s']:>11.1f}"
+                f"{fmt(percent(f['all_slo_attainment']), '.1f'):>8}%"
+                f"{fmt(percent(f['vip_slo_attainment']), '.1f'):>8}%"
+                f"{fmt(f['vip_p99_over_steady'], '.2f'):>15}x"
+                f"{fmt(percent(f['refused_share']), '.1f'):>8}%"
+            )
+        b = lv["best_peer"]
         print(
-            f"{lv['name']:<34}{lv['offered_load_vs_capacity']:>5.2f}x"
-            f"{fmt(v['uncontrolled'], '.2f'):>19}x{fmt(v['seawall'], '.2f'):>6}x"
-            f"{fmt(lv['goodput_ratio'], '.2f'):>16}x{fmt(lv['smooth_goodput_ratio'], '.2f'):>15}x"
-            f"{fmt(percent(lv['vip_slo_attainment']), '.1f'):>12}%"
-            f"{fmt(lv['basic_jain_index'], '.3f'):>16}"
+            f"{'':<34}seawall {b['seawall_goodput_per_s']:.1f}/s against the best peer"
+            f" ({b['best_peer']}) {b['best_peer_goodput_per_s']:.1f}/s:"
+            f" {fmt(b['ratio'], '.2f')}x"
         )
 
 
@@ -155,23 +164,26 @@ def plot_levels(levels: list[dict[str, Any]], path: Path, slo_s: float) -> None:
 
     names = [lv["name"] for lv in levels]
     x = range(len(levels))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
-    for offset, run in ((-0.2, "uncontrolled"), (0.2, "seawall")):
+    arms = list(levels[0]["arms"])
+    width = 0.8 / len(arms)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.8))
+    for k, arm in enumerate(arms):
+        offset = (k - (len(arms) - 1) / 2) * width
         left.bar(
             [i + offset for i in x],
-            [lv["vip_p99_over_steady"][run] or 0 for lv in levels],
-            width=0.4,
-            label=f"({'a' if run == 'uncontrolled' else 'b'}) {run}",
+            [lv["arms"][arm]["vip_p99_over_steady"] or 0 for lv in levels],
+            width=width,
+            label=arm,
         )
         right.bar(
             [i + offset for i in x],
-            [lv["goodput_per_s"][run] for lv in levels],
-            width=0.4,
-            label=f"({'a' if run == 'uncontrolled' else 'b'}) {run}",
+            [lv["arms"][arm]["goodput_per_s"] for lv in levels],
+            width=width,
+            label=arm,
         )
     left.axhline(1.2, color="black", linestyle="--", linewidth=1, label="goal 1.2x")
     left.set_ylabel("VIP P99 in the burst / VIP P99 steady")
-    right.set_ylabel(f"goodput: answers within {slo_s:g} s per second")
+    right.set_ylabel(f"goodput: full answers within {slo_s:g} s per second")
     for ax in (left, right):
         ax.set_xticks(list(x), names, rotation=15, ha="right", fontsize=8)
         ax.legend(fontsize=8)
@@ -219,7 +231,9 @@ def main() -> int:
 
     traffic = arrivals(scenario)
     main_engine = scenario.engine(scenario.main_model)
-    cores = [SimCore(main_engine, seed=i) for i in range(scenario.main_gpus)]
+    # Every GPU serves the main model without seawall: the arms share the same GPUs.
+    gpus = scenario.main_gpus + scenario.small_gpus
+    cores = [SimCore(main_engine, seed=i) for i in range(gpus)]
     uncontrolled = run_uncontrolled(traffic, cores, scenario.timeout_s)
     seawall, trace = SeawallRun(scenario, traffic, harness).run()
     fleet_load = load(scenario)
@@ -339,6 +353,8 @@ def document(
     small_engine = scenario.engine(scenario.small_model)
     return {
         "benchmark": "incident",
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
         "harness": (
             "one process, virtual time: simulated engines (sim_core, calibrated to vLLM V1) "
             "stepped in a discrete-event loop; in (b) the policy cores of admission, the "
