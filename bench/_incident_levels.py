@@ -51,7 +51,9 @@ class Level:
 
 
 LEVELS: tuple[Level, ...] = (
+    Level("half of capacity", 0.5),
     Level("seed burst (72% of capacity)", 0.72),
+    Level("capacity", 1.0),
     Level("1.5x capacity", 1.5),
     Level("3x capacity", 3.0),
     Level("1.5x capacity, half long prompts", 1.5, long_share=0.5),

@@ -156,6 +156,23 @@ def print_levels(levels: list[dict[str, Any]]) -> None:
         )
 
 
+def highest_sustained(levels: list[dict[str, Any]], share: float = 0.9) -> dict[str, Any]:
+    """Per arm, the highest offered load among the levels of the scenario's own mix at
+    which ``share`` of the burst's requests got a full answer within the SLO (``None``:
+    not even the lowest). On the levels' grid only: the load itself lies between that
+    level and the next."""
+    mix = [lv for lv in levels if lv["long_share"] == levels[0]["long_share"]]
+    out: dict[str, Any] = {"grid": [lv["offered_load_vs_capacity"] for lv in mix]}
+    for arm in levels[0]["arms"]:
+        ok = [
+            lv["offered_load_vs_capacity"]
+            for lv in mix
+            if (lv["arms"][arm]["all_slo_attainment"] or 0.0) >= share
+        ]
+        out[arm] = max(ok) if ok else None
+    return out
+
+
 def plot_levels(levels: list[dict[str, Any]], path: Path, slo_s: float) -> None:
     import matplotlib
 
@@ -308,6 +325,7 @@ def main() -> int:
             "platform": platform.platform(),
         },
         levels=levels,
+        highest_load_at_90pct_slo=highest_sustained(levels),
         results={"uncontrolled": a, "seawall": b},
         ratios_seawall_over_uncontrolled=by_ratio,
         burst_p99_over_steady_p99={
