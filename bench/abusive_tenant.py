@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 import redis
-from _common import machine, output_dir, ratio, summary
+from _common import commit, machine, output_dir, ratio, summary
 from aiokafka import TopicPartition
 from fairness import cpu_seconds
 from prometheus_client.parser import text_string_to_metric_families
@@ -174,6 +174,8 @@ async def main() -> None:
     on = await run(args, hints=True)
     doc = {
         "benchmark": "abusive_tenant",
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
         "settings": vars(args),
         "baseline": "the same run with ingress's quota hints off",
         "off": off,

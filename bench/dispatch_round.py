@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import engine_stats, fmt, gpu_stats, heartbeat, machine, output_dir, ratio
+from _common import commit, engine_stats, fmt, gpu_stats, heartbeat, machine, output_dir, ratio
 
 from schemas import WorkerReport
 from seawall_client.serde import TELEMETRY, decode, encode
@@ -220,6 +220,8 @@ def main() -> int:
     out = output_dir("dispatch_round", args.quick)
     doc = {
         "benchmark": "dispatch_round",
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
         "unit": "milliseconds of CPU (in-process, best of the repeats)",
         "measures": {
             "round_ms": "FleetCapacity.budget of every pool (six), the fleet's reports read "

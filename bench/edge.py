@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _common import embedded_broker, machine, midpoint, output_dir, ratio, summary
+from _common import commit, embedded_broker, machine, midpoint, output_dir, ratio, summary
 from aiokafka import AIOKafkaProducer
 
 from schemas import InferenceRequest, Priority, SamplingParams, Tier
@@ -180,6 +180,7 @@ async def main() -> None:
     b = {q: midpoint(baseline["latency_s"][q], after["latency_s"][q]) for q in ("p50", "p99")}
     doc = {
         "benchmark": "edge",
+        "commit": commit(),
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine(load_before, broker="embedded (Tansu, memory storage)"),
         "rate_per_s": args.rate,

@@ -67,7 +67,7 @@ from urllib.parse import urlparse
 
 import redis
 import redis.asyncio as aioredis
-from _common import fmt, machine, output_dir, ratio
+from _common import commit, fmt, machine, output_dir, ratio
 from limits import RateLimitItemPerSecond
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
@@ -395,6 +395,8 @@ def main() -> int:
     info = redis.Redis.from_url(args.redis_url).info("server")
     doc: dict[str, Any] = {
         "benchmark": "rate_limiter",
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
         "unit": "decisions per second",
         "baseline": BASELINE,
         "ceiling": CEILING if binary is not None else None,

@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from _common import EMBEDDED_BROKER, embedded_broker, fmt, machine, output_dir, ratio
+from _common import EMBEDDED_BROKER, commit, embedded_broker, fmt, machine, output_dir, ratio
 from _scaling_admission import INTAKE_BATCH, TENANTS, admission_part
 from _scaling_controller import (
     BEHIND_SLOPE,
@@ -179,6 +179,8 @@ def main() -> int:
     elapsed = time.monotonic() - started
     doc = {
         "benchmark": "scaling",
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
         "settings": {
             "scales": args.scales,
             "tenants": args.tenants,
