@@ -296,8 +296,13 @@ def machine(loadavg_before: tuple[float, float, float], **extra: object) -> dict
 
 
 def commit() -> str:
-    """The commit a benchmark ran on (``-dirty``: with uncommitted changes to tracked
-    files other than the results that benchmarks write), for its JSON."""
+    """The commit a benchmark ran on, read as it started (``-dirty``: with uncommitted
+    changes to tracked files other than the results that benchmarks write), for its
+    JSON: what is committed while a long run goes on is not what it ran."""
+    return _AT_START
+
+
+def _read_commit() -> str:
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
@@ -316,6 +321,9 @@ def commit() -> str:
         check=False,
     ).stdout.strip()
     return head + ("-dirty" if dirty else "")
+
+
+_AT_START = _read_commit()
 
 
 def output_dir(name: str, quick: bool) -> Path:
