@@ -26,7 +26,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from _common import ratio
 from _incident_des import Outcome, run_uncontrolled
@@ -122,12 +122,25 @@ NEAR_ZERO_GOODPUT_PER_S = 1.0
 """Below this, a peer's goodput is no denominator: its ratio is left out."""
 
 
-def good_within_slo(outcomes: Sequence[Outcome], slo_s: float) -> int:
-    """Good answers: the requested model's full answer (``ok``) within the SLO. Refusals,
-    canned replies and degraded answers (smaller model, truncated) are not."""
-    return sum(
-        1 for o in outcomes if o.kind == "ok" and o.latency is not None and o.latency <= slo_s
+FULL_ANSWERS: Final = ("none", "quota_degraded", "scavenged")
+"""Reply reasons of a full answer from the requested model: a plain one, one a pro
+tenant's burst level paid for (served at the class below its own), and one served from
+idle capacity past a quota. The others are refusals, canned replies, or answers cut
+short or from a smaller model."""
+
+
+def is_good(o: Outcome, slo_s: float) -> bool:
+    """A good answer: a full answer from the requested model, within the SLO."""
+    return (
+        o.kind in ("ok", "degraded")
+        and o.reason in FULL_ANSWERS
+        and o.latency is not None
+        and o.latency <= slo_s
     )
+
+
+def good_within_slo(outcomes: Sequence[Outcome], slo_s: float) -> int:
+    return sum(1 for o in outcomes if is_good(o, slo_s))
 
 
 def arm_figures(s: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]:
@@ -147,7 +160,12 @@ def arm_figures(s: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]:
         for c in CLASSES
     }
     degraded = sum(
-        1 for o in inside if o.kind == "degraded" and o.latency is not None and o.latency <= s.slo_s
+        1
+        for o in inside
+        if o.kind == "degraded"
+        and o.reason not in FULL_ANSWERS
+        and o.latency is not None
+        and o.latency <= s.slo_s
     )
     return {
         "goodput_per_s": good_within_slo(inside, s.slo_s) / (hi - lo),
@@ -186,10 +204,19 @@ def run_level(base: Scenario, harness: Harness, level: Level) -> dict[str, Any]:
     cores = [SimCore(s.engine(s.main_model), seed=i) for i in range(gpus)]
     uncontrolled = run_uncontrolled(traffic, cores, s.timeout_s)
     seawall, _ = SeawallRun(s, traffic, harness).run()
+    lending = dataclasses.replace(harness, scavenger_tiers=frozenset({Tier.BASIC, Tier.PRO}))
+    scavenger, _ = SeawallRun(s, traffic, lending).run()
     peers = {p.name: run_peer(s, traffic, p) for p in PEERS}
     arms = {
         name: arm_figures(s, outcomes)
-        for name, outcomes in (("uncontrolled", uncontrolled), *peers.items(), ("seawall", seawall))
+        for name, outcomes in (
+            ("uncontrolled", uncontrolled),
+            *peers.items(),
+            ("seawall", seawall),
+            # Not a default: the same with work-conserving quotas for basic and pro
+            # (SEAWALL_SCAVENGER_TIERS), for what lending idle capacity changes.
+            ("seawall_scavenger", scavenger),
+        )
     }
     a, b = per_window(s, uncontrolled), per_window(s, seawall)
     fa, fb = burst_figures(s, uncontrolled), burst_figures(s, seawall)

@@ -58,6 +58,7 @@ from schemas import (
     RequestCompleted,
     SamplingParams,
     TelemetryEvent,
+    Tier,
     WorkerHeartbeat,
     WorkerReport,
 )
@@ -113,6 +114,9 @@ class Harness:
     """``SEAWALL_CONTROLLER_ITL_SLO_MS``: the batch controller's inter-token target."""
     early_rejection: bool = False
     """``SEAWALL_EARLY_REJECTION``: refuse what the TTFT predictor says is too late."""
+    scavenger_tiers: frozenset[Tier] = frozenset()
+    """``SEAWALL_SCAVENGER_TIERS``: the tiers whose over-quota requests wait for idle
+    capacity instead of being refused (work-conserving quotas)."""
 
     def controller_settings(self) -> ControllerSettings:
         return ControllerSettings.model_construct(
@@ -295,7 +299,9 @@ class SeawallRun:
         self.outcomes: dict[int, Outcome] = {}
         # admission
         self.tiers = tier_configs(scenario)
-        self.policy = AdmissionPolicy(PolicyConfig(tiers=self.tiers, pools=POOLS))
+        self.policy = AdmissionPolicy(
+            PolicyConfig(tiers=self.tiers, pools=POOLS, scavenger_tiers=harness.scavenger_tiers)
+        )
         self.capacity = FleetCapacity()
         self.schedulers = {pool: PriorityScheduler() for pool in POOLS}
         self.control = ControlState(self.clock)
