@@ -412,7 +412,10 @@ def document(
         },
         "fleet_load": fleet_load,
         "time_scale": harness.time_scale,
-        "harness_settings": dataclasses.asdict(harness),
+        "harness_settings": {
+            k: sorted(t.value for t in v) if isinstance(v, frozenset) else v
+            for k, v in dataclasses.asdict(harness).items()
+        },
         "policy_windows_scaled": policy_windows(harness),
     }
 
