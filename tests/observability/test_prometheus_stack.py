@@ -207,17 +207,17 @@ def test_every_dashboard_panel_shows_data_from_a_running_stack(
     targets = [(p["title"], t["expr"]) for p in doc["panels"] for t in p["targets"]]
     assert len(targets) >= 4
     rules = recording_rules(prometheus)
-    empty = []
     for title, expr in targets:
-        try:
-            eventually(prometheus, expr.replace("$tenant", "obs-basic"), timeout_s=60)
-        except AssertionError:
-            empty.append(title)
+        expr = expr.replace("$tenant", "obs-basic")
+        if title not in EVENT_PANELS:
+            eventually(prometheus, expr, timeout_s=60)
+        elif not query(prometheus, expr):
             names = METRIC_NAME.findall(expr)
             assert names, expr
             unknown = [n for n in names if not known_to_prometheus(prometheus, n, rules)]
             assert unknown == [], (title, unknown)
-    assert set(empty) <= EVENT_PANELS, set(empty) - EVENT_PANELS
+    if dashboard.stem == "seawall-fleet":  # where they are: a renamed one is caught
+        assert EVENT_PANELS <= {title for title, _ in targets}
 
 
 EVENT_PANELS = {
