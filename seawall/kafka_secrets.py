@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
-import ipaddress
 import secrets
 import shlex
 from collections.abc import Sequence
@@ -38,11 +37,12 @@ from pathlib import Path
 from typing import Final
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from seawall.kafka_acl import ADMIN, PRINCIPALS, kafka_acls_commands, service_acls
+from seawall.pki import Key, new_ca, new_leaf, pem_cert, pem_key
 from services.common.secret_files import make_hex_secret, write_private
 
 SCRAM_ITERATIONS: Final = 8192
@@ -177,8 +177,9 @@ def write_kafka_secrets(
     now = now or datetime.datetime.now(datetime.UTC)
     ca_key, ca_cert = _ensure_ca(directory, now)
     if not (directory / "broker.pem").exists():
-        key, cert = _leaf(ca_key, ca_cert, hosts, now)
-        write_private(directory / "broker.pem", _pem_key(key) + _pem_cert(cert))
+        usages = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
+        key, cert = new_leaf(ca_key, ca_cert, hosts[0], hosts, usages, now, days=730)
+        write_private(directory / "broker.pem", pem_key(key) + pem_cert(cert))
     cluster_id = base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
     scram = [scram_argument(p, passwords[p]) for p in (*PRINCIPALS, ADMIN)]
     for name, text in (
@@ -192,94 +193,15 @@ def write_kafka_secrets(
         write_private(path, text)
 
 
-def _ensure_ca(
-    directory: Path, now: datetime.datetime
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def _ensure_ca(directory: Path, now: datetime.datetime) -> tuple[Key, x509.Certificate]:
     key_path, cert_path = directory / "ca.key", directory / "ca.pem"
     if key_path.exists() and cert_path.exists():
         key = serialization.load_pem_private_key(key_path.read_bytes(), None)
         assert isinstance(key, ec.EllipticCurvePrivateKey)
         return key, x509.load_pem_x509_certificate(cert_path.read_bytes())
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "seawall Kafka CA")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
+    key, cert = new_ca("seawall Kafka CA", now, days=3650)
     key_path.unlink(missing_ok=True)
     cert_path.unlink(missing_ok=True)
-    write_private(key_path, _pem_key(key))
-    write_private(cert_path, _pem_cert(cert))
+    write_private(key_path, pem_key(key))
+    write_private(cert_path, pem_cert(cert))
     return key, cert
-
-
-def _leaf(
-    ca_key: ec.EllipticCurvePrivateKey,
-    ca: x509.Certificate,
-    hosts: Sequence[str],
-    now: datetime.datetime,
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=730))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> str:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-
-
-def _pem_cert(cert: x509.Certificate) -> str:
-    return cert.public_bytes(serialization.Encoding.PEM).decode()
