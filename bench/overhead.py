@@ -86,7 +86,7 @@ def stack_processes(stack: Stack) -> dict[str, psutil.Process]:
     for child in psutil.Process(stack.proc.pid).children(recursive=True):
         try:
             instance = child.environ().get("SEAWALL_INSTANCE_ID")
-            if instance:
+            if instance and not instance.endswith(".screen"):  # counted with its owner
                 out[instance] = child
             elif "tansu" in " ".join(child.cmdline()):
                 out["broker"] = child
@@ -96,11 +96,17 @@ def stack_processes(stack: Stack) -> dict[str, psutil.Process]:
 
 
 def cpu_seconds(procs: Mapping[str, psutil.Process]) -> dict[str, float]:
+    """Each process's CPU seconds, its own children's included (ingress's screening
+    workers are ingress's cost)."""
     out: dict[str, float] = {}
     for name, proc in procs.items():
         try:
-            t = proc.cpu_times()
-            out[name] = t.user + t.system
+            total = 0.0
+            for p in (proc, *proc.children(recursive=True)):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    t = p.cpu_times()
+                    total += t.user + t.system
+            out[name] = total
         except psutil.Error:
             out[name] = float("nan")
     return out

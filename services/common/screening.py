@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import pickle
 import signal
 import struct
@@ -70,13 +71,16 @@ class _Worker:
         self.lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls) -> _Worker:
+    async def start(cls, owner: str) -> _Worker:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "services.common.screening",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            # Named as its owner's worker, not as its owner: whatever finds a service's
+            # process by its instance id (`seawall up`'s tools, the tests) finds the service.
+            env={**os.environ, "SEAWALL_INSTANCE_ID": f"{owner}.screen"},
         )
         worker = cls(proc)
         await worker.call(("warm 4111 1111 1111 1111 pwd: x",), "redact")  # imports, compiles
@@ -114,9 +118,10 @@ class _Worker:
 class Screener:
     """``analyse`` inline for prompts under ``offload_chars`` characters in all; in one of
     ``workers`` processes for longer ones once started (``workers`` 0, not started, or
-    closed: always inline)."""
+    closed: always inline). The workers' instance id is ``<owner>.screen``."""
 
-    def __init__(self, workers: int, offload_chars: int) -> None:
+    def __init__(self, workers: int, offload_chars: int, owner: str = "service") -> None:
+        self._owner = owner
         self._size = workers
         self._offload_chars = offload_chars
         self._workers: list[_Worker] = []
@@ -129,7 +134,8 @@ class Screener:
 
     async def start(self) -> None:
         """Start the workers; each has screened once when this returns."""
-        self._workers = list(await asyncio.gather(*(_Worker.start() for _ in range(self._size))))
+        starting = (_Worker.start(self._owner) for _ in range(self._size))
+        self._workers = list(await asyncio.gather(*starting))
 
     async def analyse(self, texts: Sequence[str], policy: SensitivePolicy) -> Analysis:
         if not self._workers or sum(map(len, texts)) < self._offload_chars:
@@ -162,7 +168,7 @@ class Screener:
 
         async def respawn() -> None:
             try:
-                new = await _Worker.start()
+                new = await _Worker.start(self._owner)
             except (OSError, asyncio.IncompleteReadError) as e:
                 log.error("a screening worker did not start", extra={"error": repr(e)})
                 return

@@ -159,7 +159,9 @@ class IngressPipeline:
         self._regions = RegionTable(settings.region_table)
         self._long_share = m.LongPromptShare(clock=clock)
         m.LONG_PROMPT_SHARE.set_function(self._long_share.reading)
-        self.screener = Screener(settings.screen_workers, settings.screen_offload_chars)
+        self.screener = Screener(
+            settings.screen_workers, settings.screen_offload_chars, settings.instance_id
+        )
         """Counts and screens each prompt, long ones off the event loop; the service
         starts and closes it."""
         self.hints = QuotaHints(settings.quota_hint_tenants)

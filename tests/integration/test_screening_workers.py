@@ -34,10 +34,12 @@ def workers_of(screener: Screener) -> list[psutil.Process]:
 
 
 async def test_long_prompts_are_screened_by_a_worker_as_inline() -> None:
-    screener = Screener(workers=2, offload_chars=1000)
+    screener = Screener(workers=2, offload_chars=1000, owner="ingress")
     await screener.start()
     try:
         workers = workers_of(screener)
+        # Not taken for their owner by whatever finds a service by its instance id.
+        assert {w.environ()["SEAWALL_INSTANCE_ID"] for w in workers} == {"ingress.screen"}
         before = sum(w.cpu_times().user for w in workers)
         for policy in ("redact", "block"):
             assert await screener.analyse([LONG, SHORT], policy) == analyse([LONG, SHORT], policy)
