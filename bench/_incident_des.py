@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -154,13 +154,35 @@ class Outcome:
         return self.kind in ("ok", "degraded")
 
 
-def run_uncontrolled(
-    arrivals: list[Arrival], engines: list[SimCore], timeout_s: float
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """What a router or a gate in front of the engines sees of one of them."""
+
+    in_flight: int
+    waiting: int
+    kv_cache_usage: float
+
+
+Pick = Callable[[Sequence[Replica], Arrival], int]
+"""A router: the index of the replica a request goes to."""
+Admit = Callable[[float, Arrival, Sequence[Replica]], bool]
+"""A gate: whether a request (at this time, beside these replicas) is admitted."""
+
+
+def serve(
+    arrivals: Sequence[Arrival],
+    engines: list[SimCore],
+    timeout_s: float,
+    pick: Pick,
+    admit: Admit,
+    priority_of: Callable[[Arrival], int] = lambda a: 0,
+    refresh_s: float | None = None,
 ) -> list[Outcome]:
-    """(a) No control plane: every request goes straight to the engine with the fewest
-    requests in flight (a least-outstanding-requests balancer), which queues what it
-    cannot run (its batch limit is ``max_num_seqs``). A client that times out disconnects
-    and the server aborts its request, as vLLM's OpenAI server does."""
+    """Requests straight to engines, through whatever stands in front of them: ``admit``
+    refuses a request at once or lets it in, ``pick`` chooses its engine, each from a
+    view of the replicas (as they are, or as scraped every ``refresh_s``). An engine
+    queues what it cannot run; a client that times out disconnects and the server
+    aborts its request, as vLLM's OpenAI server does."""
     loop = Loop()
     outcomes: dict[int, Outcome] = {}
     by_id = {a.request_id: a for a in arrivals}
@@ -173,11 +195,27 @@ def run_uncontrolled(
 
     fleet = [VirtualEngine(loop, core, done) for core in engines]
 
+    def view() -> list[Replica]:
+        out = []
+        for e in fleet:
+            stats = e.core.stats(loop.now)
+            out.append(Replica(e.in_flight, stats.waiting, stats.kv_cache_usage))
+        return out
+
+    seen = [view()]
+    if refresh_s is not None and arrivals:
+        until = max(a.at for a in arrivals)
+        loop.every(refresh_s, lambda: seen.__setitem__(0, view()), start=0.0, until=until)
+
     def arrive(a: Arrival) -> None:
-        engine = min(fleet, key=lambda e: e.in_flight)
-        engine.add(a.request_id, a.prompt_tokens, a.max_tokens, priority=0)
+        replicas = seen[0] if refresh_s is not None else view()
+        if not admit(loop.now, a, replicas):
+            outcomes[a.index] = Outcome(a, "rejected", "peer_refused", None)
+            return
+        engine = fleet[pick(replicas, a)]
+        engine.add(a.request_id, a.prompt_tokens, a.max_tokens, priority_of(a))
         where[a.request_id] = engine
-        loop.after(timeout_s, lambda: give_up(a))
+        loop.after(timeout_s, partial(give_up, a))
 
     def give_up(a: Arrival) -> None:
         engine = where.pop(a.request_id, None)
@@ -189,3 +227,17 @@ def run_uncontrolled(
         loop.at(a.at, partial(arrive, a))
     loop.run()
     return [outcomes[a.index] for a in arrivals]
+
+
+def least_loaded(replicas: Sequence[Replica], _arrival: Arrival) -> int:
+    """The replica with the fewest requests in flight (the first of equals)."""
+    return min(range(len(replicas)), key=lambda i: replicas[i].in_flight)
+
+
+def run_uncontrolled(
+    arrivals: Sequence[Arrival], engines: list[SimCore], timeout_s: float
+) -> list[Outcome]:
+    """(a) No control plane: every request goes straight to the engine with the fewest
+    requests in flight (a least-outstanding-requests balancer), which queues what it
+    cannot run (its batch limit is ``max_num_seqs``), all at one priority."""
+    return serve(arrivals, engines, timeout_s, least_loaded, lambda *_: True)

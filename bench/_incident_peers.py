@@ -35,27 +35,16 @@ import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Protocol
 
-from _incident_des import Loop, Outcome, VirtualEngine
+from _incident_des import Outcome, Replica, serve
 from _incident_scenario import Arrival, Scenario, tier_configs
 
 from schemas import Priority, Tier
-from services.workers.engine.base import FinishReason
 from services.workers.engine.sim_core import SimCore
 
 PRIORITY_VALUE = {Priority.VIP: 0, Priority.STANDARD: 1, Priority.BULK: 2}
 """vLLM's ``priority`` per class: lower values are scheduled first."""
-
-
-@dataclass(frozen=True, slots=True)
-class Replica:
-    """What a router sees of one engine."""
-
-    in_flight: int
-    waiting: int
-    kv_cache_usage: float
 
 
 class Router(Protocol):
@@ -211,50 +200,16 @@ def peer_engines(s: Scenario, priority_policy: bool) -> list[SimCore]:
 
 
 def run_peer(s: Scenario, arrivals: Sequence[Arrival], peer: Peer) -> list[Outcome]:
-    loop = Loop()
-    outcomes: dict[int, Outcome] = {}
-    by_id = {a.request_id: a for a in arrivals}
-    where: dict[str, VirtualEngine] = {}
-
-    def done(request_id: str, _reason: FinishReason, _tokens: int, _first: float | None) -> None:
-        a = by_id[request_id]
-        del where[request_id]
-        outcomes[a.index] = Outcome(a, "ok", "none", loop.now - a.at)
-
-    fleet = [VirtualEngine(loop, core, done) for core in peer_engines(s, peer.priority_policy)]
     router, gate = peer.router(), peer.gate(s)
-
-    def view() -> list[Replica]:
-        out = []
-        for e in fleet:
-            stats = e.core.stats(loop.now)
-            out.append(Replica(e.in_flight, stats.waiting, stats.kv_cache_usage))
-        return out
-
-    seen: list[list[Replica]] = [view()]
-    if peer.refresh_s is not None:
-        loop.every(peer.refresh_s, lambda: seen.__setitem__(0, view()), start=0.0, until=s.end)
-
-    def arrive(a: Arrival) -> None:
-        replicas = seen[0] if peer.refresh_s is not None else view()
-        if not gate.admit(loop.now, a, replicas):
-            outcomes[a.index] = Outcome(a, "rejected", "peer_refused", None)
-            return
-        engine = fleet[router.pick(replicas, a)]
-        engine.add(a.request_id, a.prompt_tokens, a.max_tokens, PRIORITY_VALUE[a.priority])
-        where[a.request_id] = engine
-        loop.after(s.timeout_s, partial(give_up, a))
-
-    def give_up(a: Arrival) -> None:
-        engine = where.pop(a.request_id, None)
-        if engine is not None:
-            engine.abort(a.request_id)
-            outcomes[a.index] = Outcome(a, "timed_out", "client_timeout", s.timeout_s)
-
-    for a in arrivals:
-        loop.at(a.at, partial(arrive, a))
-    loop.run()
-    return [outcomes[a.index] for a in arrivals]
+    return serve(
+        arrivals,
+        peer_engines(s, peer.priority_policy),
+        s.timeout_s,
+        router.pick,
+        gate.admit,
+        priority_of=lambda a: PRIORITY_VALUE[a.priority],
+        refresh_s=peer.refresh_s,
+    )
 
 
 def refused_share(outcomes: Sequence[Outcome]) -> float | None:

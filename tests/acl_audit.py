@@ -150,11 +150,11 @@ class AuditingProxy(TcpProxy):
         self.principal_of = principal_of
         self.checks: set[Check] = set()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _forward(self, src: socket.socket, dst: socket.socket) -> None:
         if dst.getpeername()[1] != self._target[1]:
-            super()._pump(src, dst)  # the broker's answers, passed on as they come
+            super()._forward(src, dst)  # the broker's answers, passed on as they come
             return
-        try:
+        with contextlib.suppress(EOFError):
             while True:
                 head = _read_exactly(src, 4)
                 frame = _read_exactly(src, struct.unpack(">i", head)[0])
@@ -168,14 +168,6 @@ class AuditingProxy(TcpProxy):
                 with self._lock:
                     self.checks.update(found)
                 dst.sendall(head + frame)
-        except (OSError, EOFError):
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-            with self._lock:
-                self._open -= {src, dst}
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes:

@@ -91,16 +91,23 @@ class TcpProxy:
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
-            while data := src.recv(65536):
-                dst.sendall(data)
+            self._forward(src, dst)
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-            with self._lock:
-                self._open -= {src, dst}
+            self._release(src, dst)
+
+    def _forward(self, src: socket.socket, dst: socket.socket) -> None:
+        """Pass what ``src`` sends on to ``dst`` until it closes (subclasses look)."""
+        while data := src.recv(65536):
+            dst.sendall(data)
+
+    def _release(self, src: socket.socket, dst: socket.socket) -> None:
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            self._open -= {src, dst}
 
 
 class DelayProxy(TcpProxy):
@@ -123,7 +130,7 @@ class DelayProxy(TcpProxy):
             self.delayed += 1
             return self._rng.uniform(self.low_s, self.high_s)
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _forward(self, src: socket.socket, dst: socket.socket) -> None:
         held: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
         sender = threading.Thread(target=self._send_later, args=(held, dst), daemon=True)
         sender.start()
@@ -132,16 +139,9 @@ class DelayProxy(TcpProxy):
             while data := src.recv(65536):
                 last_due = max(last_due, time.monotonic() + self._delay())
                 held.put((last_due, data))
-        except OSError:
-            pass
-        finally:
+        finally:  # what is held goes out before the sockets are shut
             held.put(None)
             sender.join()
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-            with self._lock:
-                self._open -= {src, dst}
 
     @staticmethod
     def _send_later(held: queue.Queue[tuple[float, bytes] | None], dst: socket.socket) -> None:

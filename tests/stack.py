@@ -11,17 +11,19 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
 from seawall import embedded
 from services.common.bus import wait_for_broker
 from services.common.settings import CommonSettings
-from tests.faults import DelayProxy
+from tests.faults import DelayProxy, TcpProxy
 
 
 class StackDidNotStart(RuntimeError):
@@ -36,18 +38,21 @@ class Stack:
     """The environment of commands run beside the stack (``seawall keys``, ...)."""
     settings: CommonSettings
 
-    def cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, timeout_s: float = 60, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """A ``seawall`` command beside the stack (``env``: more of its environment)."""
         return subprocess.run(
             [sys.executable, "-m", "seawall.cli", *args],
-            env=self.env,
+            env={**self.env, **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout_s,
             check=True,
         )
 
-    def key(self, tenant: str, tier: str) -> dict[str, str]:
-        out = self.cli("keys", "create", "--tenant", tenant, "--tier", tier, "--json")
+    def key(self, tenant: str, tier: str, env: dict[str, str] | None = None) -> dict[str, str]:
+        out = self.cli("keys", "create", "--tenant", tenant, "--tier", tier, "--json", env=env)
         doc: dict[str, str] = json.loads(out.stdout)
         return doc
 
@@ -161,16 +166,23 @@ def launch(
         assert alive == [], "seawall up left processes behind"
 
 
+P = TypeVar("P", bound=TcpProxy)
+
+
 @asynccontextmanager
-async def behind_delay(
-    work: Path, redis_url: str, *extra: str
-) -> AsyncIterator[tuple[Stack, DelayProxy]]:
-    """``seawall up`` on its own embedded broker with a ``DelayProxy`` in front of it:
-    the broker advertises the proxy as its address, so every connection of every
-    service (and of the test's clients) passes it. The proxy starts with no delay; set
-    its ``low_s``/``high_s`` to delay."""
+async def behind_proxy(
+    work: Path,
+    redis_url: str,
+    make_proxy: Callable[[int], P],
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> AsyncIterator[tuple[Stack, P]]:
+    """``seawall up`` on its own embedded broker with a proxy in front of it
+    (``make_proxy(broker_port)``): the broker advertises the proxy as its address, so
+    every connection of every service (and of the test's clients) passes it. ``env``:
+    more of ``launch``'s environment."""
     broker_port = embedded.free_port()
-    with DelayProxy("127.0.0.1", broker_port, low_s=0.0, high_s=0.0) as proxy:
+    with make_proxy(broker_port) as proxy:
         bootstrap = f"127.0.0.1:{proxy.port}"
         broker = embedded.broker_process(
             "127.0.0.1", broker_port, work / "broker.log", advertised=bootstrap
@@ -178,8 +190,23 @@ async def behind_delay(
         broker.start()
         try:
             await wait_for_broker(bootstrap)
-            env = {"SEAWALL_KAFKA_BOOTSTRAP": bootstrap, "SEAWALL_KAFKA_IDEMPOTENCE": "false"}
+            env = {
+                "SEAWALL_KAFKA_BOOTSTRAP": bootstrap,
+                "SEAWALL_KAFKA_IDEMPOTENCE": "false",
+                **(env or {}),
+            }
             with launch(work / "stack", redis_url, *extra, env=env) as stack:
                 yield stack, proxy
         finally:
             broker.stop()
+
+
+@asynccontextmanager
+async def behind_delay(
+    work: Path, redis_url: str, *extra: str
+) -> AsyncIterator[tuple[Stack, DelayProxy]]:
+    """``behind_proxy`` with a ``DelayProxy``, starting with no delay; set its
+    ``low_s``/``high_s`` to delay."""
+    proxy = partial(DelayProxy, "127.0.0.1", low_s=0.0, high_s=0.0)
+    async with behind_proxy(work, redis_url, proxy, *extra) as (stack, delay):
+        yield stack, delay

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 
-from seawall import embedded
 from seawall.kafka_acl import (
     ADMISSION,
     CONTROLLER,
@@ -38,9 +36,8 @@ from seawall.kafka_acl import (
     service_acls,
 )
 from seawall_client import SeawallClient
-from services.common.bus import wait_for_broker
 from tests.acl_audit import AuditingProxy, Check
-from tests.stack import Stack, launch
+from tests.stack import Stack, behind_proxy
 
 pytestmark = pytest.mark.e2e
 
@@ -69,23 +66,16 @@ def principal_of(client_id: str) -> str:
     return f"unattributed client id {client_id!r}"
 
 
+OPERATOR_ENV = {"SEAWALL_INSTANCE_ID": "operator"}
+"""The CLI as the operator runs it (its client id names it: ``principal_of``)."""
+
+
 def operator(stack: Stack, *args: str) -> str:
-    env = {**stack.env, "SEAWALL_INSTANCE_ID": "operator"}
-    return subprocess.run(
-        [sys.executable, "-m", "seawall.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    return stack.cli(*args, env=OPERATOR_ENV).stdout
 
 
 def key(stack: Stack, tenant: str, tier: str) -> dict[str, str]:
-    doc: dict[str, str] = json.loads(
-        operator(stack, "keys", "create", "--tenant", tenant, "--tier", tier, "--json")
-    )
-    return doc
+    return stack.key(tenant, tier, env=OPERATOR_ENV)
 
 
 async def traffic(stack: Stack) -> str:
@@ -123,28 +113,17 @@ async def traffic(stack: Stack) -> str:
 async def test_every_request_of_a_running_stack_is_allowed_to_its_principal(
     tmp_path: Path, redis_url: str
 ) -> None:
-    broker_port = embedded.free_port()
-    with AuditingProxy(broker_port, principal_of) as proxy:
-        bootstrap = f"127.0.0.1:{proxy.port}"
-        broker = embedded.broker_process(
-            "127.0.0.1", broker_port, tmp_path / "broker.log", advertised=bootstrap
-        )
-        broker.start()
-        try:
-            await wait_for_broker(bootstrap)
-            env = {
-                "SEAWALL_KAFKA_BOOTSTRAP": bootstrap,
-                "SEAWALL_KAFKA_IDEMPOTENCE": "false",
-                # `up` itself (its services are named by `up`), and the CLI beside it
-                # unless a command says otherwise (`operator`).
-                "SEAWALL_INSTANCE_ID": "up",
-            }
-            with launch(tmp_path / "stack", redis_url, "--workers", "1", env=env) as stack:
-                key_id = await traffic(stack)
-                prefix = stack.settings.topic_prefix
-        finally:
-            broker.stop()
-        checks = set(proxy.checks)
+    audit = partial(AuditingProxy, principal_of=principal_of)
+    # `up` itself is `up` (its services are named by `up`), and so is the CLI beside it
+    # unless a command says otherwise (OPERATOR_ENV).
+    env = {"SEAWALL_INSTANCE_ID": "up"}
+    async with behind_proxy(tmp_path, redis_url, audit, "--workers", "1", env=env) as (
+        stack,
+        proxy,
+    ):
+        key_id = await traffic(stack)
+        prefix = stack.settings.topic_prefix
+    checks = set(proxy.checks)
 
     acls = service_acls(prefix) + producer_acls(PRODUCER, [key_id], prefix)
     # `up` creates the fleet's topics before its services start, as any of them may:
