@@ -96,19 +96,29 @@ def stack_processes(stack: Stack) -> dict[str, psutil.Process]:
 
 
 def cpu_seconds(procs: Mapping[str, psutil.Process]) -> dict[str, float]:
-    """Each process's CPU seconds, its own children's included (ingress's screening
-    workers are ingress's cost)."""
+    """Each process's CPU seconds, its screening workers' included (ingress's long
+    prompts are screened there: its cost all the same)."""
     out: dict[str, float] = {}
     for name, proc in procs.items():
         try:
             total = 0.0
-            for p in (proc, *proc.children(recursive=True)):
+            for p in (proc, *screening_workers(proc)):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     t = p.cpu_times()
                     total += t.user + t.system
             out[name] = total
         except psutil.Error:
             out[name] = float("nan")
+    return out
+
+
+def screening_workers(proc: psutil.Process) -> list[psutil.Process]:
+    """``proc``'s children named ``<owner>.screen`` (``services.common.screening``)."""
+    out = []
+    for child in proc.children():
+        with contextlib.suppress(psutil.Error):
+            if child.environ().get("SEAWALL_INSTANCE_ID", "").endswith(".screen"):
+                out.append(child)
     return out
 
 
