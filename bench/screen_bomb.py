@@ -4,10 +4,9 @@ what it does to another tenant's latency. The goal: at most 5 ms of ingress CPU 
 and the other tenant's p99 within 1.2× of its p99 without bombs.
 
 One ingress process (``python -m services.ingress``, HTTP only) on the embedded broker
-and the local Redis; this process plays the clients, and a process of its own (as
-admission and the workers are) the rest of the fleet: it reads the priority topics and
-answers each request on its reply topic at once, so a request's latency is ingress's
-work and its broker hops. Two tenants, two keys:
+and the local Redis; this process plays the clients and the rest of the fleet (it reads
+the priority topics and answers each request on its reply topic at once, so a request's
+latency is ingress's work and its broker hops). Two tenants, two keys:
 
 - *steady*: short chat requests at a fixed rate (``--rate``, 20/s), the same arrivals in
   every phase; their latency is the time to the HTTP response;
@@ -47,7 +46,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import multiprocessing as mp
 import os
 import shutil
 import subprocess
@@ -154,12 +152,7 @@ def screen_cost(prompt: str) -> dict[str, Any]:
 
 
 # -- the fleet beyond ingress ------------------------------------------------------------
-def run_fleet(settings: IngressSettings, ready: Any) -> None:
-    """The fleet's process (``ready``: a multiprocessing event, set once it reads)."""
-    asyncio.run(answer_everything(settings, ready))
-
-
-async def answer_everything(settings: IngressSettings, ready: Any) -> None:
+async def answer_everything(settings: IngressSettings, ready: asyncio.Event) -> None:
     """Plays admission and the workers: each request on a priority topic is answered at
     once on its reply topic."""
     topics = topics_of(settings)
@@ -474,15 +467,9 @@ async def main() -> None:
             }
         )
         keys = await make_keys(settings)
-        # The fleet in a process of its own, as admission and the workers are: in this
-        # one, reading and answering every 16 KiB prompt took turns with the clients'
-        # event loop and lengthened the very latencies measured.
-        context = mp.get_context("spawn")
-        ready = context.Event()
-        fleet = context.Process(target=run_fleet, args=(settings, ready), daemon=True)
-        fleet.start()
-        if not await asyncio.to_thread(ready.wait, 60):
-            raise RuntimeError("the fleet did not start")
+        ready = asyncio.Event()
+        fleet = asyncio.create_task(answer_everything(settings, ready))
+        await ready.wait()
         async with ingress_process(env, work / "ingress.log") as ingress:
             limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
             base = f"http://127.0.0.1:{env['SEAWALL_INGRESS_PORT']}"
@@ -533,8 +520,9 @@ async def main() -> None:
                     spy = await profiling
                     if spy is not None:
                         spy["kind"] = costliest
-        fleet.terminate()
-        fleet.join(10)
+        fleet.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fleet
 
     q = {
         name: midpoint(alone["steady_latency_s"][name], after["steady_latency_s"][name])
