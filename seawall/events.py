@@ -230,7 +230,10 @@ async def tail(
     """Feed ``view`` every record of ``topic`` from its start, print what it returns, and
     its summary once caught up; with ``follow``, go on until interrupted. The exit status:
     0 done, 1 no broker or no such topic."""
-    consumer = make_consumer(settings, group_id=None)
+    # A reader catching up to an end, not an idle follower: it fetches until it gets
+    # there, never dormant between doorbell rings (a fetch answered late under load
+    # would put it to sleep for a peek's 5 s with the backlog unread).
+    consumer = make_consumer(settings, group_id=None, rung=False)
     try:
         await consumer.start()
     except KafkaError as e:

@@ -94,7 +94,10 @@ async def _read_range(
 ) -> list[tuple[int, bytes | None]]:
     """Every record of ``topic`` with a timestamp in [since, until] that was there when
     reading began: (timestamp in ms, value)."""
-    consumer = make_consumer(settings, group_id=None)
+    # A reader catching up to an end, not an idle follower: it fetches until it gets
+    # there, never dormant between doorbell rings (a fetch answered late under load
+    # would put it to sleep for a peek's 5 s with the backlog unread).
+    consumer = make_consumer(settings, group_id=None, rung=False)
     out: list[tuple[int, bytes | None]] = []
     try:
         async with asyncio.timeout(timeout_s):

@@ -212,7 +212,10 @@ async def read_control(settings: CommonSettings, timeout_s: float = 10.0) -> Con
     verifier = verifier_for(settings)
     """What the followers refuse is no decision: the views leave it out too."""
     topic = topics_of(settings).control
-    consumer = make_consumer(settings, group_id=None)
+    # A reader catching up to an end, not an idle follower: it fetches until it gets
+    # there, never dormant between doorbell rings (a fetch answered late under load
+    # would put it to sleep for a peek's 5 s with the backlog unread).
+    consumer = make_consumer(settings, group_id=None, rung=False)
     try:
         async with asyncio.timeout(timeout_s):
             await consumer.start()

@@ -73,7 +73,10 @@ async def _committed(
 
 async def _collect(settings: CommonSettings, window_s: float, stale_after_s: float) -> FleetStatus:
     topics = topics_of(settings)
-    consumer = make_consumer(settings, group_id=None)
+    # A reader catching up to an end, not an idle follower: it fetches until it gets
+    # there, never dormant between doorbell rings (a fetch answered late under load
+    # would put it to sleep for a peek's 5 s with the backlog unread).
+    consumer = make_consumer(settings, group_id=None, rung=False)
     try:
         try:
             await consumer.start()
