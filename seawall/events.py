@@ -35,8 +35,9 @@ from schemas import (
     RegionThrottle,
     TrafficSplit,
 )
+from seawall.reading import catch_up_consumer
 from seawall_client.serde import CONTROL, DecodeError, decode
-from services.common.bus import make_consumer, topics_of
+from services.common.bus import topics_of
 from services.common.control_signing import ControlKeysMissing, ControlVerifier, verifier_for
 from services.common.control_state import ControlState, in_force
 from services.common.settings import CommonSettings
@@ -230,10 +231,7 @@ async def tail(
     """Feed ``view`` every record of ``topic`` from its start, print what it returns, and
     its summary once caught up; with ``follow``, go on until interrupted. The exit status:
     0 done, 1 no broker or no such topic."""
-    # A reader catching up to an end, not an idle follower: it fetches until it gets
-    # there, never dormant between doorbell rings (a fetch answered late under load
-    # would put it to sleep for a peek's 5 s with the backlog unread).
-    consumer = make_consumer(settings, group_id=None, rung=False)
+    consumer = catch_up_consumer(settings)
     try:
         await consumer.start()
     except KafkaError as e:

@@ -13,6 +13,17 @@ from collections.abc import AsyncIterator, Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from seawall_client.kafka import Consumer
+from services.common.bus import make_consumer
+from services.common.settings import CommonSettings
+
+
+def catch_up_consumer(settings: CommonSettings) -> Consumer:
+    """A groupless consumer for a reader catching up to an end, not an idle follower: it
+    fetches until it gets there, never dormant between doorbell rings (a fetch answered
+    late under load would put it to sleep for a peek's 5 s with the backlog unread)."""
+    return make_consumer(settings, group_id=None, rung=False)
+
 
 def partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
     """The topic's partitions as the started consumer's metadata knows them."""

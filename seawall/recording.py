@@ -34,9 +34,9 @@ from typing import IO, Any, Literal
 from pydantic import TypeAdapter
 
 from schemas import ControlEvent, RequestCompleted, TelemetryEvent
-from seawall.reading import partitions, read_to_end, seek_since
+from seawall.reading import catch_up_consumer, partitions, read_to_end, seek_since
 from seawall_client.serde import COMPLETION, CONTROL, TELEMETRY, DecodeError, decode
-from services.common.bus import make_consumer, topics_of
+from services.common.bus import topics_of
 from services.common.settings import CommonSettings
 
 FORMAT_VERSION = 1
@@ -94,10 +94,7 @@ async def _read_range(
 ) -> list[tuple[int, bytes | None]]:
     """Every record of ``topic`` with a timestamp in [since, until] that was there when
     reading began: (timestamp in ms, value)."""
-    # A reader catching up to an end, not an idle follower: it fetches until it gets
-    # there, never dormant between doorbell rings (a fetch answered late under load
-    # would put it to sleep for a peek's 5 s with the backlog unread).
-    consumer = make_consumer(settings, group_id=None, rung=False)
+    consumer = catch_up_consumer(settings)
     out: list[tuple[int, bytes | None]] = []
     try:
         async with asyncio.timeout(timeout_s):

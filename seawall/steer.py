@@ -34,11 +34,11 @@ from schemas import (
     QuotaOverride,
     RegionThrottle,
 )
-from seawall.reading import partitions, read_to_end
+from seawall.reading import catch_up_consumer, partitions, read_to_end
 from seawall_client.kafka import ensure_topics
 from seawall_client.serde import CONTROL, DecodeError, decode
 from seawall_client.topics import canary_pool
-from services.common.bus import make_consumer, make_producer, topics_of
+from services.common.bus import make_producer, topics_of
 from services.common.control_signing import send_signed, signer_for, verifier_for
 from services.common.control_state import ControlState
 from services.common.settings import CommonSettings
@@ -212,10 +212,7 @@ async def read_control(settings: CommonSettings, timeout_s: float = 10.0) -> Con
     verifier = verifier_for(settings)
     """What the followers refuse is no decision: the views leave it out too."""
     topic = topics_of(settings).control
-    # A reader catching up to an end, not an idle follower: it fetches until it gets
-    # there, never dormant between doorbell rings (a fetch answered late under load
-    # would put it to sleep for a peek's 5 s with the backlog unread).
-    consumer = make_consumer(settings, group_id=None, rung=False)
+    consumer = catch_up_consumer(settings)
     try:
         async with asyncio.timeout(timeout_s):
             await consumer.start()

@@ -15,12 +15,12 @@ from aiokafka.errors import KafkaError
 from rich.console import Console
 from rich.markup import escape
 
-from seawall.reading import partitions, read_to_end, seek_since
+from seawall.reading import catch_up_consumer, partitions, read_to_end, seek_since
 from seawall.status.fold import GROUP_STEM, STALE_AFTER_S, FleetStatus, StatusFold, lags
 from seawall.status.render import render
 from seawall_client.kafka import new_admin
 from seawall_client.topics import Topics
-from services.common.bus import make_consumer, topics_of
+from services.common.bus import topics_of
 from services.common.control_signing import ControlKeysMissing, ControlVerifier, verifier_for
 from services.common.settings import CommonSettings
 
@@ -73,10 +73,7 @@ async def _committed(
 
 async def _collect(settings: CommonSettings, window_s: float, stale_after_s: float) -> FleetStatus:
     topics = topics_of(settings)
-    # A reader catching up to an end, not an idle follower: it fetches until it gets
-    # there, never dormant between doorbell rings (a fetch answered late under load
-    # would put it to sleep for a peek's 5 s with the backlog unread).
-    consumer = make_consumer(settings, group_id=None, rung=False)
+    consumer = catch_up_consumer(settings)
     try:
         try:
             await consumer.start()
