@@ -43,7 +43,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from seawall.kafka_acl import ADMIN, PRINCIPALS, kafka_acls_commands, service_acls
 from seawall.pki import Key, new_ca, new_leaf, pem_cert, pem_key
-from services.common.secret_files import make_hex_secret, write_private
+from services.common.secret_files import hex_secret, write_private
 
 SCRAM_ITERATIONS: Final = 8192
 """Above Kafka's floor of 4096 for SCRAM-SHA-512 (``ScramMechanism``)."""
@@ -78,10 +78,12 @@ def scram_argument(principal: str, password: str, salt: bytes | None = None) -> 
     )
 
 
+_SCRAM_LOGIN: Final = "org.apache.kafka.common.security.scram.ScramLoginModule required"
+_PLAIN_LOGIN: Final = "org.apache.kafka.common.security.plain.PlainLoginModule required"
+
+
 def server_properties(admin_password: str, advertised_host: str = "kafka") -> str:
-    mount = SECRETS_MOUNT
-    scram = "org.apache.kafka.common.security.scram.ScramLoginModule required"
-    plain = "org.apache.kafka.common.security.plain.PlainLoginModule required"
+    mount, scram, plain = SECRETS_MOUNT, _SCRAM_LOGIN, _PLAIN_LOGIN
     lines = [
         "# Made by `seawall kafka-secrets` (seawall/kafka_secrets.py); holds the admin",
         "# password: keep it as secret as the passwords beside it.",
@@ -124,11 +126,10 @@ def server_properties(admin_password: str, advertised_host: str = "kafka") -> st
 
 
 def admin_properties(admin_password: str) -> str:
-    scram = "org.apache.kafka.common.security.scram.ScramLoginModule required"
     return (
         "security.protocol=SASL_SSL\n"
         "sasl.mechanism=SCRAM-SHA-512\n"
-        f'sasl.jaas.config={scram} username="{ADMIN}" password="{admin_password}";\n'
+        f'sasl.jaas.config={_SCRAM_LOGIN} username="{ADMIN}" password="{admin_password}";\n'
         "ssl.truststore.type=PEM\n"
         f"ssl.truststore.location={SECRETS_MOUNT}/kafka_ca\n"
     )
@@ -172,8 +173,7 @@ def write_kafka_secrets(
     passwords = {}
     for principal in (*PRINCIPALS, ADMIN):
         path = password_file(directory, principal)
-        make_hex_secret(path)
-        passwords[principal] = path.read_text().splitlines()[0].strip()
+        passwords[principal] = hex_secret(path)
     now = now or datetime.datetime.now(datetime.UTC)
     ca_key, ca_cert = _ensure_ca(directory, now)
     if not (directory / "broker.pem").exists():

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Final
 
-from services.common.secret_files import make_hex_secret
+from services.common.secret_files import hex_secret
 
 ACL_FILE: Final = "users.acl"
 SERVICE_USER: Final = "seawall"
@@ -61,8 +61,7 @@ def write_acl(directory: Path, prefix: str) -> Path:
     passwords = {}
     for user in (SERVICE_USER, ADMIN_USER):
         path = password_file(directory, user)
-        make_hex_secret(path)
-        passwords[user] = path.read_text().splitlines()[0].strip()
+        passwords[user] = hex_secret(path)
     acl = directory / ACL_FILE
     acl.write_text("\n".join(acl_lines(prefix, passwords)) + "\n")
     acl.chmod(0o600)

@@ -24,3 +24,10 @@ def make_hex_secret(path: Path, nbytes: int = 32) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private(path, secrets.token_hex(nbytes) + "\n")
     return True
+
+
+def hex_secret(path: Path, nbytes: int = 32) -> str:
+    """The hex secret at ``path`` (its first line), made (``make_hex_secret``) where
+    there is none yet: the passwords a deployment's secrets are generated from."""
+    make_hex_secret(path, nbytes)
+    return path.read_text().splitlines()[0].strip()
