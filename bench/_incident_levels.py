@@ -116,7 +116,6 @@ def burst_figures(s: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]:
     }
 
 
-ARMS = ("uncontrolled", "vllm", "litellm", "gie", "seawall")
 PEER_ARMS = ("vllm", "litellm", "gie")
 NEAR_ZERO_GOODPUT_PER_S = 1.0
 """Below this, a peer's goodput is no denominator: its ratio is left out."""
@@ -167,11 +166,12 @@ def arm_figures(s: Scenario, outcomes: Sequence[Outcome]) -> dict[str, Any]:
         and o.latency is not None
         and o.latency <= s.slo_s
     )
+    good = good_within_slo(inside, s.slo_s)
     return {
-        "goodput_per_s": good_within_slo(inside, s.slo_s) / (hi - lo),
+        "goodput_per_s": good / (hi - lo),
         "degraded_within_slo_per_s": degraded / (hi - lo),
         "slo_attainment": attainment,
-        "all_slo_attainment": good_within_slo(inside, s.slo_s) / len(inside) if inside else None,
+        "all_slo_attainment": good / len(inside) if inside else None,
         "vip_slo_attainment": attainment[vip],
         "vip_p99_s": windows["burst"][vip]["p99_s"],
         "vip_p99_steady_s": windows["steady"][vip]["p99_s"],

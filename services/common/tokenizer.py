@@ -25,10 +25,13 @@ _PIECES: Final = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+|\S")
 CHARS_PER_TOKEN: Final = 4
 
 
-_TOKENS_BY_LENGTH: Final = tuple(
-    max(1, (n + CHARS_PER_TOKEN // 2) // CHARS_PER_TOKEN) for n in range(256)
-)
-"""The tokens of a piece of each length below 256 (single characters: one)."""
+def _tokens_of(length: int) -> int:
+    """The tokens of one piece of ``length`` characters (the rules above)."""
+    return max(1, (length + CHARS_PER_TOKEN // 2) // CHARS_PER_TOKEN)
+
+
+_TOKENS_BY_LENGTH: Final = tuple(_tokens_of(n) for n in range(256))
+"""``_tokens_of`` for each length below 256 (single characters: one)."""
 
 
 def count_tokens(text: str) -> int:
@@ -40,5 +43,4 @@ def count_tokens(text: str) -> int:
         return 0
     if max(lengths) < len(_TOKENS_BY_LENGTH):
         return sum(map(_TOKENS_BY_LENGTH.__getitem__, lengths))
-    half = CHARS_PER_TOKEN // 2
-    return sum(max(1, (n + half) // CHARS_PER_TOKEN) for n in lengths)
+    return sum(map(_tokens_of, lengths))
