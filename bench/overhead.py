@@ -56,6 +56,7 @@ from openai import AsyncOpenAI
 from seawall.embedded import free_port
 from seawall.traces import stage_quantiles, stage_table, traces_in
 from seawall_client.tracecontext import new_trace
+from services.common.screening import WORKER_SUFFIX
 from services.common.tracing import FLUSH_INTERVAL_S
 from tests.stack import Stack, clean_env, launch
 
@@ -86,7 +87,7 @@ def stack_processes(stack: Stack) -> dict[str, psutil.Process]:
     for child in psutil.Process(stack.proc.pid).children(recursive=True):
         try:
             instance = child.environ().get("SEAWALL_INSTANCE_ID")
-            if instance and not instance.endswith(".screen"):  # counted with its owner
+            if instance and not instance.endswith(WORKER_SUFFIX):  # counted with its owner
                 out[instance] = child
             elif "tansu" in " ".join(child.cmdline()):
                 out["broker"] = child
@@ -113,11 +114,12 @@ def cpu_seconds(procs: Mapping[str, psutil.Process]) -> dict[str, float]:
 
 
 def screening_workers(proc: psutil.Process) -> list[psutil.Process]:
-    """``proc``'s children named ``<owner>.screen`` (``services.common.screening``)."""
+    """``proc``'s screening workers (``services.common.screening``: its children whose
+    instance id ends in ``WORKER_SUFFIX``)."""
     out = []
     for child in proc.children():
         with contextlib.suppress(psutil.Error):
-            if child.environ().get("SEAWALL_INSTANCE_ID", "").endswith(".screen"):
+            if child.environ().get("SEAWALL_INSTANCE_ID", "").endswith(WORKER_SUFFIX):
                 out.append(child)
     return out
 

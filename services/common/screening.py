@@ -39,6 +39,8 @@ from services.common.tokenizer import count_tokens
 log = logging.getLogger(__name__)
 
 _FRAME = struct.Struct(">I")
+WORKER_SUFFIX = ".screen"
+"""A worker's instance id is its owner's with this suffix (``SEAWALL_INSTANCE_ID``)."""
 STOP_TIMEOUT_S = 2.0
 
 
@@ -80,7 +82,7 @@ class _Worker:
             stdout=asyncio.subprocess.PIPE,
             # Named as its owner's worker, not as its owner: whatever finds a service's
             # process by its instance id (`seawall up`'s tools, the tests) finds the service.
-            env={**os.environ, "SEAWALL_INSTANCE_ID": f"{owner}.screen"},
+            env={**os.environ, "SEAWALL_INSTANCE_ID": owner + WORKER_SUFFIX},
         )
         worker = cls(proc)
         await worker.call(("warm 4111 1111 1111 1111 pwd: x",), "redact")  # imports, compiles
